@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call on the lent H200: GPU tests, then the main compare job, results under $OUT.
+# Installs nothing: the image has torch, transformers, triton, nvidia-ml-py, pandas, pyarrow, typer.
+# Usage (from the repository root on the GPU machine): bash benchmarks/h200_session.sh [extra compare args]
+set -uo pipefail
+OUT=${OUT:-/tmp/e2eprof-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+
+# Lay the package out as an installed wheel would (kernels/ and workloads/ inside e2eprof/), without pip.
+SITE=$(mktemp -d)
+cp -r e2eprof "$SITE/e2eprof"
+cp -r kernels "$SITE/e2eprof/kernels"
+cp -r workloads "$SITE/e2eprof/workloads"
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+
+{
+  date -u +%FT%TZ
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+  python3 -c 'import torch, transformers, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "triton", triton.__version__)'
+} 2>&1 | tee "$OUT/env.txt"
+
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+fi
+
+if [ "${SKIP_COMPARE:-0}" != 1 ]; then
+  start=$(date +%s)
+  RUNS=$(mktemp -d)
+  python3 -m e2eprof compare --model gpt2 --patch fastsoftmax --out "$RUNS/gpt2-fastsoftmax" "$@" 2>&1 | tee "$OUT/compare.log"
+  echo "compare exit code ${PIPESTATUS[0]}, wall $(( $(date +%s) - start )) s" | tee -a "$OUT/compare.log"
+  # Few files come back from the device: one archive of all report directories.
+  tar czf "$OUT/reports.tgz" -C "$RUNS" .
+fi

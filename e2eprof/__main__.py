@@ -1,0 +1,5 @@
+import sys
+
+from e2eprof.cli import main
+
+sys.exit(main())

@@ -1,0 +1,80 @@
+"""Parent-side handle on one worker process: start it, send commands, notice when it dies."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+from e2eprof.worker import WorkerSetup, worker_main
+
+
+class ArmFailed(Exception):
+    """An arm's worker reported an error or died; `kind` is 'error' or 'crash'."""
+
+    def __init__(self, arm: str, kind: str, message: str, traceback: str = ""):
+        super().__init__(f"arm '{arm}' {'crashed' if kind == 'crash' else 'failed'}: {message}")
+        self.arm = arm
+        self.kind = kind
+        self.message = message
+        self.traceback = traceback
+
+
+class ArmProcess:
+    """One spawned worker. `send` + `receive` let the parent overlap slow commands (model builds) across arms."""
+
+    def __init__(self, setup: WorkerSetup):
+        self.name = setup.arm.name
+        # spawn, not fork: a forked child would inherit CUDA state and any patch the parent imported.
+        context = mp.get_context("spawn")
+        self._conn, child_conn = context.Pipe()
+        self._process = context.Process(target=worker_main, args=(child_conn, setup), name=f"e2eprof-{self.name}", daemon=True)
+        self._process.start()
+        child_conn.close()
+        self.failed: ArmFailed | None = None
+
+    def send(self, command: str, **kwargs) -> None:
+        if self.failed:
+            raise self.failed
+        try:
+            self._conn.send((command, kwargs))
+        except (BrokenPipeError, OSError):
+            self._crashed()
+
+    def receive(self):
+        if self.failed:
+            raise self.failed
+        while not self._conn.poll(0.5):
+            if not self._process.is_alive() and not self._conn.poll(0):
+                self._crashed()
+        try:
+            status, payload = self._conn.recv()
+        except (EOFError, OSError):
+            self._crashed()
+        if status == "error":
+            raise ArmFailed(self.name, "error", f"{payload['type']}: {payload['message']}", payload["traceback"])
+        return payload
+
+    def call(self, command: str, **kwargs):
+        self.send(command, **kwargs)
+        return self.receive()
+
+    def _crashed(self):
+        self._process.join(timeout=5)
+        code = self._process.exitcode
+        self.failed = ArmFailed(self.name, "crash", f"worker process exited with code {code}")
+        raise self.failed
+
+    def close(self) -> None:
+        if self._process.is_alive() and not self.failed:
+            try:
+                self._conn.send(("close", {}))
+                if self._conn.poll(10):
+                    self._conn.recv()
+            except (BrokenPipeError, EOFError, OSError):
+                pass
+        self._process.join(timeout=10)
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join(timeout=5)
+        if self._process.is_alive():
+            self._process.kill()
+        self._conn.close()

@@ -1,0 +1,144 @@
+"""One frozen, validated configuration per run. The CLI builds it; `e2eprof.compare` consumes it."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from e2eprof.errors import UsageError
+
+WORKLOAD_NAMES = ("train", "infer", "generate")
+PRECISIONS = ("bf16", "fp16", "fp32")
+
+
+def suggest(name: str, known: list[str] | tuple[str, ...]) -> str:
+    """' (did you mean 'x'?)' for the closest known name, or '' when nothing is close."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+@dataclass(frozen=True)
+class DeviceDefaults:
+    """Sizes that fit the device: full GPT-2 batches on a GPU, a few seconds per step on a laptop CPU."""
+
+    batch: int
+    seq: int
+    steps: int
+    block_steps: int
+    new_tokens: int
+    precision: str
+
+    @staticmethod
+    def for_device(device: str) -> "DeviceDefaults":
+        if device.startswith("cuda"):
+            return DeviceDefaults(batch=8, seq=1024, steps=40, block_steps=5, new_tokens=32, precision="bf16")
+        return DeviceDefaults(batch=2, seq=128, steps=8, block_steps=2, new_tokens=8, precision="fp32")
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """Everything that defines one `compare` run; validated on construction, errors name the field."""
+
+    model: str
+    patch: str
+    workloads: tuple[str, ...] = WORKLOAD_NAMES
+    device: str = "auto"
+    batch: int | None = None
+    seq: int | None = None
+    steps: int | None = None  # timed warm steps per arm and workload
+    block_steps: int | None = None  # steps per interleaved block
+    precision: str | None = None
+    new_tokens: int | None = None
+    seed: int = 0
+    reference_arms: tuple[str, ...] = ("sdpa",)
+    min_speedup: float = 0.01  # PASS needs the interval's lower bound above 1 + this
+    confidence: float = 0.95
+    max_warmup_steps: int = 50
+    warmup_tolerance: float = 0.02  # warm-up ends when consecutive window medians differ by less than this
+    out: Path | None = None
+    force: bool = False
+    command_line: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise UsageError("--model: must name a preset or a folder")
+        if not self.patch:
+            raise UsageError("--patch: must name a patch")
+        workloads = tuple(self.workloads)
+        if not workloads:
+            raise UsageError("--workload: give at least one of " + ", ".join(WORKLOAD_NAMES))
+        for w in workloads:
+            if w not in WORKLOAD_NAMES:
+                raise UsageError(f"--workload: unknown workload '{w}'{suggest(w, WORKLOAD_NAMES)}; known: {', '.join(WORKLOAD_NAMES)}")
+        if len(set(workloads)) != len(workloads):
+            raise UsageError("--workload: each workload at most once")
+        object.__setattr__(self, "workloads", workloads)
+        device = resolve_device(self.device)
+        object.__setattr__(self, "device", device)
+        defaults = DeviceDefaults.for_device(device)
+        for name in ("batch", "seq", "steps", "block_steps", "new_tokens", "precision"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, getattr(defaults, name))
+        for name, low in (("batch", 1), ("seq", 2), ("steps", 2), ("block_steps", 1), ("new_tokens", 2), ("max_warmup_steps", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise UsageError(f"--{name.replace('_', '-')}: must be an integer >= {low}, got {value!r}")
+        if self.block_steps > self.steps:
+            raise UsageError(f"--block-steps: {self.block_steps} is more than --steps {self.steps}")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"--dtype: unknown dtype '{self.precision}'{suggest(self.precision, PRECISIONS)}; known: {', '.join(PRECISIONS)}")
+        if not device.startswith("cuda") and self.precision == "fp16":
+            raise UsageError("--dtype: fp16 autocast needs a CUDA device; use fp32 or bf16 on the CPU")
+        if not 0.5 < self.confidence < 1:
+            raise UsageError(f"--confidence: must be between 0.5 and 1, got {self.confidence}")
+        if not -0.5 < self.min_speedup < 1:
+            raise UsageError(f"--min-speedup: must be a fraction such as 0.01, got {self.min_speedup}")
+        if not 0 < self.warmup_tolerance < 1:
+            raise UsageError(f"warmup_tolerance: must be a fraction, got {self.warmup_tolerance}")
+        for arm in self.reference_arms:
+            if arm not in REFERENCE_ARMS:
+                raise UsageError(f"--reference: unknown reference arm '{arm}'{suggest(arm, REFERENCE_ARMS)}; known: {', '.join(REFERENCE_ARMS)}")
+
+    @property
+    def n_blocks(self) -> int:
+        """Timed blocks per arm: steps rounded up to whole blocks."""
+        return -(-self.steps // self.block_steps)
+
+    def to_record(self) -> dict:
+        """Flat, JSON-friendly view for run.parquet."""
+        record = dataclasses.asdict(self)
+        record["out"] = str(self.out) if self.out else None
+        record["workloads"] = list(self.workloads)
+        record["reference_arms"] = list(self.reference_arms)
+        return record
+
+
+REFERENCE_ARMS = ("sdpa",)
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' when a GPU is visible, else 'cpu'; rejects devices that are not there."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device: '{device}' asked for, but no CUDA device is visible")
+        index = device.partition(":")[2]
+        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+            raise UsageError(f"--device: '{device}' does not exist; {torch.cuda.device_count()} CUDA device(s) visible")
+        return device
+    raise UsageError(f"--device: unknown device '{device}'; use auto, cpu, cuda or cuda:N")
+
+
+def default_out_dir(model: str, patch: str, now_utc: str) -> Path:
+    """reports/<UTC timestamp>-<model>-<patch>/ with path-unsafe characters replaced."""
+    safe = lambda s: "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(s).name or s)  # noqa: E731
+    return Path(os.getcwd()) / "reports" / f"{now_utc}-{safe(model)}-{safe(patch)}"

@@ -1,0 +1,89 @@
+"""Terminal output: progress while running, then a table per workload. Printing only; no decisions here."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
+
+
+class ConsoleEvents:
+    """Receives runner events and shows them: phase lines on stderr, a progress bar for timed blocks."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.progress: Progress | None = None
+        self.task = None
+
+    def __call__(self, kind: str, **info) -> None:
+        if kind == "start":
+            c = info["config"]
+            self.console.print(f"e2eprof compare: model={c.model} patch={c.patch} device={c.device} batch={c.batch} "
+                               f"seq={c.seq} dtype={c.precision} steps={c.steps} -> {info['run_dir']}")
+        elif kind == "phase":
+            self._stop_bar()
+            detail = f" ({info['detail']})" if info.get("detail") else ""
+            self.console.print(f"[dim]·[/dim] {info['name']}{detail}")
+        elif kind == "built":
+            for arm, build in info["builds"].items():
+                sites = sum(s["count"] for s in build["sites"])
+                extra = f", patch replaced {sites} site(s)" if build["sites"] else ""
+                self.console.print(f"  [dim]{arm}: model built in {build['build_s']:.1f} s{extra}[/dim]")
+        elif kind == "timing":
+            self._stop_bar()
+            self.progress = Progress(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), console=self.console, transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task(f"{info['workload']}: timed blocks", total=info["total"])
+        elif kind == "advance" and self.progress is not None:
+            self.progress.advance(self.task)
+
+    def _stop_bar(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def close(self) -> None:
+        self._stop_bar()
+
+
+def _fmt(value, spec: str = ".2f") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def _interval(ratio, low, high) -> str:
+    if ratio is None or (isinstance(ratio, float) and math.isnan(ratio)):
+        return "-"
+    return f"{ratio:.3f}x [{low:.3f}, {high:.3f}]"
+
+
+def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir) -> None:
+    """One table per workload, then the verdicts and where the report lives."""
+    for workload, rows in summary.groupby("workload", sort=False):
+        table = Table(title=f"{workload}", title_justify="left", show_lines=False)
+        for column in ("arm", "median ms", "p10/p90 ms", "cold ms", "vs baseline [CI]", "patched vs sdpa [CI]", "correct"):
+            table.add_column(column, justify="left" if column in ("arm", "correct") else "right")
+        for _, row in rows.iterrows():
+            table.add_row(
+                str(row["arm"]), _fmt(row.get("median_ms")),
+                f"{_fmt(row.get('p10_ms'))}/{_fmt(row.get('p90_ms'))}", _fmt(row.get("cold_ms"), ".1f"),
+                _interval(row.get("speedup_vs_baseline"), row.get("ci_low"), row.get("ci_high")) if row["arm"] != "baseline" else "1",
+                _interval(row.get("speedup_vs_sdpa"), row.get("sdpa_ci_low"), row.get("sdpa_ci_high")),
+                "yes" if row.get("correct") else "NO",
+            )
+        console.print(table)
+        if workload == "generate" and "ttft_median_ms" in rows:
+            parts = [f"{r.arm}: TTFT {_fmt(r.ttft_median_ms)} ms, {_fmt(r.tpot_median_ms, '.3f')} ms/token" for r in rows.itertuples()]
+            console.print("  " + "; ".join(parts))
+        verdict = verdicts.get(workload)
+        if verdict is not None:
+            console.print(f"  verdict: [{VERDICT_STYLE[verdict.verdict]}]{verdict.verdict}[/] ({', '.join(verdict.reasons)})"
+                          + (f" — {verdict.advice}" if verdict.advice else ""))
+    console.print(f"report: {run_dir}")

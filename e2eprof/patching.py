@@ -1,0 +1,269 @@
+"""The one engine that applies, counts, verifies and reverts any declared `Patch`.
+
+Applying resolves every target before touching anything (all-or-nothing), installs a `CallRecorder` that
+counts calls and records argument signatures, and returns an `AppliedPatch` that reverts exactly what it
+changed. In verify mode the recorder also runs the stock function and the fp64 reference on the same
+arguments and records how far the patched output is from each (`OpCheck` rows).
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from e2eprof.errors import PatchError
+from e2eprof.patch import Patch
+from e2eprof.tensorcheck import compare_to_reference
+
+
+class ModuleProxy(types.ModuleType):
+    """Stands in for a shared module (e.g. torch.nn) inside one modeling module's namespace.
+
+    Attributes listed in `overrides` are served from there; everything else from the real module, so the
+    modeling code keeps working and the rest of the process never sees the replacement.
+    """
+
+    def __init__(self, wrapped: types.ModuleType, overrides: dict):
+        super().__init__(wrapped.__name__, wrapped.__doc__)
+        self.__dict__["_e2eprof_wrapped"] = wrapped
+        self.__dict__.update(overrides)
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["_e2eprof_wrapped"], name)
+
+
+def _argument_signature(args: tuple, kwargs: dict) -> str:
+    """'float32[8,12,1024,1024], dim=-1' style key: which shapes and dtypes the model fed the op."""
+
+    def one(value) -> str:
+        if isinstance(value, torch.Tensor):
+            return f"{str(value.dtype).removeprefix('torch.')}[{','.join(map(str, value.shape))}]"
+        if isinstance(value, torch.dtype):
+            return str(value).removeprefix("torch.")
+        return repr(value)
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in sorted(kwargs.items())]
+    return ", ".join(parts)
+
+
+def _to_float64(value):
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.detach().double()
+    return value
+
+
+@dataclass
+class OpCheck:
+    """Worst errors seen for one argument signature while verifying."""
+
+    signature: str
+    calls: int = 0
+    passed: bool = True
+    patched_error: float = 0.0
+    stock_error: float = 0.0
+    tolerance: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+
+class CallRecorder:
+    """The callable installed at a target: counts calls, records signatures, optionally verifies."""
+
+    def __init__(self, patch: Patch, original: Callable):
+        self.patch = patch
+        self.original = original
+        self.calls = 0
+        self.signatures: Counter[str] = Counter()
+        self.verify = False
+        self.checks: dict[str, OpCheck] = {}
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        signature = _argument_signature(args, kwargs)
+        self.signatures[signature] += 1
+        out = self.patch.replacement(*args, **kwargs)
+        if self.verify:
+            self._check(signature, args, kwargs, out)
+        return out
+
+    def _check(self, signature: str, args: tuple, kwargs: dict, out) -> None:
+        with torch.no_grad():
+            stock = self.original(*args, **kwargs)  # under the caller's autocast state: exact stock semantics
+            if self.patch.reference is not None:
+                device_type = stock.device.type if isinstance(stock, torch.Tensor) else "cpu"
+                with torch.autocast(device_type, enabled=False):
+                    reference = self.patch.reference(*[_to_float64(a) for a in args], **{k: _to_float64(v) for k, v in kwargs.items()})
+            else:
+                reference = stock.double() if isinstance(stock, torch.Tensor) else stock
+        check = self.checks.setdefault(signature, OpCheck(signature))
+        check.calls += 1
+        floor = self.patch.tolerance_for(str(getattr(stock, "dtype", "")).removeprefix("torch."))
+        result = compare_to_reference(out, stock, reference, floor=floor, factor=self.patch.error_factor)
+        check.patched_error = max(check.patched_error, result.patched_error)
+        check.stock_error = max(check.stock_error, result.stock_error)
+        check.tolerance = max(check.tolerance, result.tolerance)
+        if not result.passed:
+            check.passed = False
+            for problem in result.problems:
+                if problem not in check.problems:
+                    check.problems.append(problem)
+
+
+@dataclass
+class _Change:
+    owner: object
+    attribute: str
+    previous: object
+
+
+@dataclass
+class AppliedPatch:
+    """A patch in force: its recorders, the sites it replaced, and how to undo it."""
+
+    patch: Patch
+    recorders: list[CallRecorder]
+    sites: list[dict]
+    _changes: list[_Change]
+    _class_swaps: list[tuple[torch.nn.Module, type]] = field(default_factory=list)
+
+    @property
+    def calls(self) -> int:
+        return sum(r.calls for r in self.recorders)
+
+    @property
+    def n_sites(self) -> int:
+        return sum(s["count"] for s in self.sites)
+
+    def signatures(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for recorder in self.recorders:
+            total.update(recorder.signatures)
+        return total
+
+    def set_verify(self, on: bool) -> None:
+        for recorder in self.recorders:
+            recorder.verify = on
+
+    def checks(self) -> list[OpCheck]:
+        return [check for r in self.recorders for check in r.checks.values()]
+
+    def revert(self) -> None:
+        """Put back exactly what apply() replaced, in reverse order."""
+        for change in reversed(self._changes):
+            setattr(change.owner, change.attribute, change.previous)
+        for module, cls in reversed(self._class_swaps):
+            module.__class__ = cls
+        self._changes.clear()
+        self._class_swaps.clear()
+
+
+def _resolve(target: str) -> tuple[types.ModuleType, list[str], list[object]]:
+    """Import the target's module and walk its attribute path; return the module, path and objects on it."""
+    module_name, _, path = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PatchError(f"target {target}: module '{module_name}' cannot be imported ({exc})") from None
+    parts = path.split(".")
+    objects: list[object] = [module]
+    for depth, part in enumerate(parts):
+        owner = objects[-1]
+        if not hasattr(owner, part):
+            where = module_name + "".join("." + p for p in parts[:depth])
+            raise PatchError(
+                f"target {target}: '{where}' has no attribute '{part}' "
+                f"(the modeling code may have changed in this transformers version)"
+            )
+        objects.append(getattr(owner, part))
+    return module, parts, objects
+
+
+def check_model_fits(patch: Patch, architecture: str, attn_implementation: str | None) -> None:
+    """Raise PatchError when the patch does not apply to this architecture or attention implementation."""
+    if patch.architectures and architecture not in patch.architectures:
+        raise PatchError(
+            f"patch '{patch.name}' applies to {', '.join(patch.architectures)}; this model is '{architecture}'"
+        )
+    if patch.attn_implementation and attn_implementation and attn_implementation != patch.attn_implementation:
+        raise PatchError(
+            f"patch '{patch.name}' needs attn_implementation='{patch.attn_implementation}', "
+            f"the model uses '{attn_implementation}' (which never calls the replaced function)"
+        )
+
+
+def apply_patch(patch: Patch, model: torch.nn.Module | None = None) -> AppliedPatch:
+    """Install `patch` at all its targets; with a model, also swap classes of existing instances.
+
+    Resolves every target first, so a patch with one bad target changes nothing. Raises PatchError when a
+    target does not exist or the patch would replace zero sites.
+    """
+    if model is not None:
+        config = getattr(model, "config", None)
+        check_model_fits(patch, getattr(config, "model_type", ""), getattr(config, "_attn_implementation", None))
+    resolved = [(target, *_resolve(target)) for target in patch.targets]
+    applied = AppliedPatch(patch, recorders=[], sites=[], _changes=[])
+    try:
+        for target, module, parts, objects in resolved:
+            original = objects[-1]
+            if isinstance(original, type):
+                _apply_class(applied, target, module, parts, original, model)
+            else:
+                _apply_function(applied, target, module, parts, objects, original)
+    except Exception:
+        applied.revert()
+        raise
+    if applied.n_sites == 0:
+        applied.revert()
+        raise PatchError(f"patch '{patch.name}' replaced zero sites in this model")
+    return applied
+
+
+def _apply_function(applied: AppliedPatch, target: str, module, parts: list[str], objects: list, original) -> None:
+    if not callable(original):
+        raise PatchError(f"target {target}: '{parts[-1]}' is not callable")
+    recorder = CallRecorder(applied.patch, original)
+    applied.recorders.append(recorder)
+    # Find the outermost shared module on the path: proxy from there down so nothing outside `module` changes.
+    first_shared = next(
+        (i for i in range(1, len(parts)) if isinstance(objects[i], types.ModuleType) and objects[i] is not module),
+        None,
+    )
+    if first_shared is None:
+        owner = objects[-2]
+        applied._changes.append(_Change(owner, parts[-1], original))
+        setattr(owner, parts[-1], recorder)
+    else:
+        replacement: object = recorder
+        for i in range(len(parts) - 1, first_shared - 1, -1):
+            if not isinstance(objects[i], types.ModuleType):
+                raise PatchError(f"target {target}: cannot scope a replacement inside non-module '{parts[i - 1]}'")
+            replacement = ModuleProxy(objects[i], {parts[i]: replacement})
+        owner = objects[first_shared - 1]
+        applied._changes.append(_Change(owner, parts[first_shared - 1], objects[first_shared]))
+        setattr(owner, parts[first_shared - 1], replacement)
+    applied.sites.append({"target": target, "kind": "function", "count": 1})
+
+
+def _apply_class(applied: AppliedPatch, target: str, module, parts: list[str], original: type, model) -> None:
+    replacement = applied.patch.replacement
+    if not (isinstance(replacement, type) and issubclass(replacement, original)):
+        raise PatchError(f"target {target} is a class; the replacement must be a subclass of {original.__name__}")
+    owner_path = [module]
+    for part in parts[:-1]:
+        owner_path.append(getattr(owner_path[-1], part))
+    applied._changes.append(_Change(owner_path[-1], parts[-1], original))
+    setattr(owner_path[-1], parts[-1], replacement)
+    count = 0
+    if model is not None:
+        for sub in model.modules():
+            if type(sub) is original:
+                applied._class_swaps.append((sub, original))
+                sub.__class__ = replacement
+                count += 1
+            elif type(sub) is replacement:
+                count += 1
+    applied.sites.append({"target": target, "kind": "class", "count": count})

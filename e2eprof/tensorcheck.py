@@ -1,0 +1,78 @@
+"""Tensor comparisons shared by op-level checks and model-level correctness.
+
+The rule (GUIDE section 3): a candidate's output is compared with an fp64 reference by relative-norm error,
+and accepted when that error is at most max(factor * the stock path's own error, floor). Relative norms keep
+low-magnitude outputs from hiding behind an absolute tolerance; NaN/Inf must sit exactly where the stock
+path puts them, and NaN is never "close".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """||value - reference|| / ||reference|| in fp64 over the reference's finite positions.
+
+    A non-finite value where the reference is finite makes the error infinite (never NaN, which would compare
+    False against any tolerance and could be mistaken for a pass by careless code).
+    """
+    reference = reference.detach().double()
+    value = value.detach().to(reference.device, torch.float64)
+    finite = torch.isfinite(reference)
+    if not bool(torch.isfinite(value[finite]).all()):
+        return math.inf
+    num = torch.linalg.vector_norm(value[finite] - reference[finite]).item()
+    denom = torch.linalg.vector_norm(reference[finite]).item()
+    if denom == 0:
+        return 0.0 if num == 0 else math.inf
+    return num / denom
+
+
+def same_special_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when NaN, +Inf and -Inf occupy exactly the same positions in a and b."""
+    a = a.detach()
+    b = b.detach().to(a.device)
+    return bool(
+        torch.equal(torch.isnan(a), torch.isnan(b))
+        and torch.equal(torch.isposinf(a), torch.isposinf(b))
+        and torch.equal(torch.isneginf(a), torch.isneginf(b))
+    )
+
+
+@dataclass
+class Agreement:
+    """Outcome of comparing one candidate tensor with the stock output and the fp64 reference."""
+
+    passed: bool
+    patched_error: float
+    stock_error: float
+    tolerance: float
+    problems: list[str] = field(default_factory=list)
+
+
+def compare_to_reference(out, stock: torch.Tensor, reference: torch.Tensor, *, floor: float, factor: float) -> Agreement:
+    """Check `out` is a plain tensor like `stock` and as close to `reference` as the stock path is (within factor)."""
+    problems: list[str] = []
+    if type(out) is not torch.Tensor:
+        # Subclasses can be lazy or lie about their contents; the stock op returns a plain tensor.
+        return Agreement(False, math.inf, math.nan, floor, [f"output is {type(out).__name__}, not a plain torch.Tensor"])
+    if out.dtype != stock.dtype:
+        problems.append(f"dtype {str(out.dtype).removeprefix('torch.')} != stock {str(stock.dtype).removeprefix('torch.')}")
+    if out.shape != stock.shape:
+        return Agreement(False, math.inf, math.nan, floor, [f"shape {tuple(out.shape)} != stock {tuple(stock.shape)}"])
+    if out.device != stock.device:
+        problems.append(f"device {out.device} != stock {stock.device}")
+    if out.stride() != stock.stride():
+        problems.append(f"strides {out.stride()} != stock {stock.stride()}")
+    if not same_special_values(out, stock):
+        problems.append("NaN/Inf positions differ from the stock output")
+    patched_error = relative_error(out, reference)
+    stock_error = relative_error(stock, reference)
+    tolerance = max(factor * stock_error, floor) if math.isfinite(stock_error) else floor
+    if not patched_error <= tolerance:
+        problems.append(f"relative error {patched_error:.3g} > tolerance {tolerance:.3g} (stock path: {stock_error:.3g})")
+    return Agreement(not problems, patched_error, stock_error, tolerance, problems)

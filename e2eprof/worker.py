@@ -1,0 +1,239 @@
+"""The worker process: one arm of a comparison, isolated so a patch cannot leak into another arm.
+
+The parent sends commands over a pipe ("setup", "cold", "capture", "warmup", "block", "counters", ...); the
+worker answers ("ok", result) or ("error", {...}) and never raises across the pipe. A crash (segfault, CUDA
+fault) shows up in the parent as a closed pipe, and the parent keeps every other arm's data.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import signal
+import statistics
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from e2eprof.patching import AppliedPatch, apply_patch, check_model_fits
+from e2eprof.registry import load_patch
+from e2eprof.workloads.batches import digest, synthetic_token_batches
+from e2eprof.workloads.loops import make_workload
+from e2eprof.workloads.models import build_model, describe, resolve_model
+
+N_BATCHES = 4  # distinct seeded batches cycled through, so no step reuses the previous step's input buffer
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One arm: a name, the attention implementation, and whether the patch is applied."""
+
+    name: str
+    attn_implementation: str
+    apply_patch: bool
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    arm: ArmSpec
+    model: str
+    patch_spec: str
+    device: str
+    precision: str
+    seed: int
+    batch: int
+    seq: int
+    new_tokens: int
+    scratch_dir: str
+
+
+def _synchronize(device: torch.device) -> None:
+    # Device-wide, not stream-level: work a kernel hides on another stream still counts.
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class ArmWorker:
+    """Holds the model, batches and workloads of one arm inside its own process."""
+
+    def __init__(self, setup: WorkerSetup):
+        self.setup = setup
+        self.device = torch.device(setup.device)
+        self.applied: AppliedPatch | None = None
+        self.workloads: dict = {}
+        self.step_counter: dict[str, int] = {}
+
+    # ---- commands -------------------------------------------------------------------------------------
+    def build(self) -> dict:
+        setup = self.setup
+        started = time.perf_counter()
+        self.loaded = load_patch(setup.patch_spec)  # every arm loads it, so every arm can report its counters
+        source = resolve_model(setup.model)
+        if setup.arm.apply_patch:
+            check_model_fits(self.loaded.patch, source.architecture, setup.arm.attn_implementation)
+        model = build_model(source, attn_implementation=setup.arm.attn_implementation, seed=setup.seed)
+        if setup.arm.apply_patch:
+            self.applied = apply_patch(self.loaded.patch, model)
+        self.model = model.to(self.device)
+        # Weights as built, restored before every correctness capture so all arms compare the same model
+        # even after their (differently long) timed phases have trained it.
+        self.pristine = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        info = describe(self.model)
+        self.batches = synthetic_token_batches(
+            N_BATCHES, setup.batch, setup.seq, info["vocab_size"], seed=setup.seed + 1, pin=self.device.type == "cuda"
+        )
+        return {
+            "arm": setup.arm.name,
+            "model": info,
+            "sites": self.applied.sites if self.applied else [],
+            "build_s": time.perf_counter() - started,
+            "batch_digest": digest(self.batches),
+            "pid": os.getpid(),
+        }
+
+    def _workload(self, name: str):
+        if name not in self.workloads:
+            options = {"new_tokens": self.setup.new_tokens} if name == "generate" else {}
+            self.workloads[name] = make_workload(name, self.model, self.device, self.setup.precision, **options)
+            self.step_counter[name] = 0
+        return self.workloads[name]
+
+    def _timed_step(self, workload_name: str, phase: str, block: int) -> dict:
+        workload = self._workload(workload_name)
+        index = self.step_counter[workload_name]
+        batch = self.batches[index % len(self.batches)]
+        cuda = self.device.type == "cuda"
+        if cuda:
+            start_event = torch.cuda.Event(enable_timing=True)
+            end_event = torch.cuda.Event(enable_timing=True)
+        _synchronize(self.device)
+        threads_before = threading.active_count()
+        start_unix_ns = time.time_ns()
+        t0 = time.perf_counter_ns()
+        if cuda:
+            start_event.record()
+        extra = workload.step(batch)
+        if cuda:
+            end_event.record()
+        _synchronize(self.device)
+        wall_ns = time.perf_counter_ns() - t0
+        self.step_counter[workload_name] = index + 1
+        return {
+            "workload": workload_name,
+            "arm": self.setup.arm.name,
+            "block": block,
+            "step": index,
+            "phase": phase,
+            "wall_ns": wall_ns,
+            "device_ms": start_event.elapsed_time(end_event) if cuda else math.nan,
+            "start_unix_ns": start_unix_ns,
+            "end_unix_ns": start_unix_ns + wall_ns,
+            "ttft_ms": extra.get("ttft_ms", math.nan),
+            "tpot_ms": extra.get("tpot_ms", math.nan),
+            "threads_delta": threading.active_count() - threads_before,
+        }
+
+    def cold(self, workload: str) -> list[dict]:
+        """The first step of this workload in this process: JIT, autotune and handle creation included."""
+        return [self._timed_step(workload, "cold", -1)]
+
+    def warmup(self, workload: str, window: int, tolerance: float, max_steps: int) -> list[dict]:
+        """Run until two consecutive windows' medians agree within `tolerance`, or `max_steps` is reached."""
+        rows: list[dict] = []
+        previous = None
+        while len(rows) + window <= max(max_steps, 2 * window):
+            window_rows = [self._timed_step(workload, "warmup", -1) for _ in range(window)]
+            rows.extend(window_rows)
+            median = statistics.median(r["wall_ns"] for r in window_rows)
+            if previous is not None and abs(median / previous - 1) < tolerance:
+                break
+            previous = median
+        return rows
+
+    def block(self, workload: str, block: int, steps: int) -> list[dict]:
+        return [self._timed_step(workload, "warm", block) for _ in range(steps)]
+
+    def capture(self, workload: str, path: str, verify: bool) -> dict:
+        """Correctness outputs on pristine weights, saved as safetensors; op-level checks when verifying."""
+        from safetensors.torch import save_file
+
+        self.model.load_state_dict(self.pristine)
+        instance = self._workload(workload)
+        if self.applied is not None:
+            self.applied.set_verify(verify)
+        try:
+            outputs = instance.capture(self.batches[0])
+        finally:
+            if self.applied is not None:
+                self.applied.set_verify(False)
+        save_file({k: v.contiguous() for k, v in outputs.items()}, path)
+        checks = []
+        if self.applied is not None and verify:
+            checks = [vars(c) | {"problems": list(c.problems)} for c in self.applied.checks()]
+            for recorder in self.applied.recorders:
+                recorder.checks.clear()
+        return {"path": path, "keys": sorted(outputs), "op_checks": checks}
+
+    def reference(self, workload: str, path: str) -> dict:
+        """fp64 outputs of this arm's (stock) model on the same batch: the trusted reference."""
+        from safetensors.torch import save_file
+
+        if self.applied is not None:
+            raise RuntimeError("the fp64 reference must come from an unpatched arm")
+        model64 = copy.deepcopy(self.model)
+        model64.load_state_dict(self.pristine)
+        model64 = model64.double()
+        options = {"new_tokens": self.setup.new_tokens} if workload == "generate" else {}
+        instance = make_workload(workload, model64, self.device, "fp64", **options)
+        outputs = instance.capture(self.batches[0])
+        del instance, model64
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        save_file({k: v.contiguous() for k, v in outputs.items()}, path)
+        return {"path": path, "keys": sorted(outputs)}
+
+    def counters(self) -> dict:
+        implementations = self.loaded.patch.implementations
+        return {
+            "arm": self.setup.arm.name,
+            "wrapper_calls": self.applied.calls if self.applied else 0,
+            "signatures": dict(self.applied.signatures()) if self.applied else {},
+            # None (not {}) when the patch declares no counter: "no evidence" is not "zero calls".
+            "implementations": dict(implementations()) if implementations else None,
+        }
+
+    def revert(self) -> dict:
+        if self.applied is not None:
+            self.applied.revert()
+        return {}
+
+
+def worker_main(conn, setup: WorkerSetup) -> None:
+    """Entry point of the spawned process: answer commands until 'close' or the pipe breaks."""
+    # Ctrl-C reaches the whole process group; the parent decides how to stop and saves what was measured,
+    # so workers ignore SIGINT and leave when the parent closes the pipe or terminates them.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worker = ArmWorker(setup)
+    while True:
+        try:
+            command, kwargs = conn.recv()
+        except (EOFError, OSError):
+            return
+        if command == "close":
+            conn.send(("ok", {}))
+            return
+        try:
+            result = getattr(worker, command)(**kwargs)
+            conn.send(("ok", result))
+        except BaseException as exc:  # report, don't die: the parent decides what a failure means
+            conn.send(("error", {"type": type(exc).__name__, "message": str(exc).splitlines()[0] if str(exc) else "",
+                                 "traceback": traceback.format_exc(limit=20)}))
+
+
+def scratch_path(scratch_dir: str, arm: str, workload: str, kind: str) -> str:
+    return str(Path(scratch_dir) / f"{kind}-{workload}-{arm}.safetensors")

@@ -1,0 +1,137 @@
+"""End-to-end: the real CLI entry point on a tiny GPT-2 on CPU, real worker processes, real report files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+
+from e2eprof.reports import SCHEMA_VERSION, TABLE_COLUMNS
+
+pytestmark = pytest.mark.slow
+
+
+def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "e2eprof", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "report"
+    result = run_cli("compare", "--model", "gpt2-tiny", "--patch", "fastsoftmax", "--steps", "6", "--block-steps", "2",
+                     "--new-tokens", "4", "--out", str(out))
+    return result, out
+
+
+def test_compare_exits_with_a_verdict_code_and_prints_tables(tiny_run):
+    result, out = tiny_run
+    assert result.returncode in (0, 1, 3), result.stderr
+    assert "Traceback" not in result.stderr
+    for workload in ("train", "infer", "generate"):
+        assert workload in result.stdout
+    assert "verdict:" in result.stdout
+    assert str(out) in result.stdout
+
+
+def test_report_tables_have_their_columns(tiny_run):
+    _, out = tiny_run
+    for name, columns in TABLE_COLUMNS.items():
+        frame = pd.read_parquet(out / f"{name}.parquet")
+        assert set(columns) <= set(frame.columns), name
+        assert len(frame) > 0, name
+    assert not list(out.glob(".*tmp")), "temporary files left behind"
+
+
+def test_run_table_records_environment_and_completion(tiny_run):
+    _, out = tiny_run
+    run = pd.read_parquet(out / "run.parquet").iloc[0]
+    assert run.status == "complete"
+    assert run.schema_version == SCHEMA_VERSION
+    env = json.loads(run.environment_json)
+    assert env["torch"] and env["transformers"] and env["python"]
+    assert len(run.patch_source_sha256) == 64
+    assert len(run.batch_digest) == 64
+    assert json.loads(run.config_json)["model"] == "gpt2-tiny"
+
+
+def test_steps_are_cold_then_warm_in_alternating_blocks(tiny_run):
+    _, out = tiny_run
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert set(steps.arm) == {"baseline", "patched", "sdpa"}
+    cold = steps[steps.phase == "cold"]
+    assert len(cold) == 3 * 3  # one cold step per arm and workload
+    warm = steps[steps.phase == "warm"]
+    assert (warm.groupby(["workload", "arm"]).size() == 6).all()
+    assert (steps.wall_ns > 0).all()
+    assert (steps.end_unix_ns > steps.start_unix_ns).all()
+    # Interleaving: within a workload, block 0 runs baseline first, block 1 runs it last (ABC, CBA).
+    train = warm[warm.workload == "train"].sort_values("start_unix_ns")
+    order = [list(dict.fromkeys(train[train.block == b].arm)) for b in (0, 1)]
+    assert order[0] == ["baseline", "patched", "sdpa"]
+    assert order[1] == ["sdpa", "patched", "baseline"]
+    generate = warm[warm.workload == "generate"]
+    assert (generate.ttft_ms > 0).all() and (generate.tpot_ms > 0).all()
+
+
+def test_kernel_ran_only_in_the_patched_arm(tiny_run):
+    _, out = tiny_run
+    checks = pd.read_parquet(out / "correctness.parquet")
+    calls = checks[checks.metric == "custom_kernel_calls"]
+    patched = calls[calls.arm == "patched"]
+    assert len(patched) == 3 and (patched.value > 0).all() and patched.passed.all()
+    assert patched.detail.str.contains("cpu.fwd").all(), "the report must say which implementation ran"
+    stock = calls[calls.arm != "patched"]
+    assert set(stock.arm) == {"baseline", "sdpa"} and (stock.value == 0).all()
+
+
+def test_correctness_gate_checked_outputs_and_every_op_call(tiny_run):
+    _, out = tiny_run
+    checks = pd.read_parquet(out / "correctness.parquet")
+    patched = checks[checks.arm == "patched"]
+    assert patched.passed.all(), patched[~patched.passed]
+    tensors = set(patched[patched.workload == "train"].tensor)
+    assert {"loss", "grad/*"} <= tensors
+    assert any(t.startswith("grad/transformer.h.0.attn") for t in tensors)
+    assert "tokens" in set(patched[patched.workload == "generate"].tensor)
+    ops = patched[patched.metric == "op_rel_error_vs_fp64"]
+    assert len(ops) >= 3 and (ops.value <= ops.tolerance).all()
+
+
+def test_summary_has_a_verdict_per_workload(tiny_run):
+    _, out = tiny_run
+    summary = pd.read_parquet(out / "summary.parquet")
+    patched = summary[summary.arm == "patched"]
+    assert set(patched.workload) == {"train", "infer", "generate"}
+    assert set(patched.verdict) <= {"PASS", "FAIL", "INCONCLUSIVE"}
+    assert (summary[summary.arm == "baseline"].median_ms > 0).all()
+
+
+WRONG_KERNEL = textwrap.dedent('''
+    import torch
+    from e2eprof.patch import Patch
+
+    def off_by_five_percent(input, dim=None, _stacklevel=3, dtype=None):
+        return torch.softmax(input, dim) * 1.05
+
+    PATCH = Patch(name="wrong", targets=("transformers.models.gpt2.modeling_gpt2:nn.functional.softmax",),
+                  replacement=off_by_five_percent, reference=lambda x, dim=None, _stacklevel=3, dtype=None: torch.softmax(x, dim),
+                  architectures=("gpt2",), attn_implementation="eager")
+''')
+
+
+def test_a_wrong_kernel_fails_the_gate_and_keeps_its_timing(tmp_path):
+    kernel = tmp_path / "wrong_kernel.py"
+    kernel.write_text(WRONG_KERNEL)
+    out = tmp_path / "report"
+    result = run_cli("compare", "--model", "gpt2-tiny", "--patch", str(kernel), "--workload", "infer", "--steps", "6",
+                     "--block-steps", "2", "--reference", "none", "--out", str(out))
+    assert result.returncode == 1, result.stdout + result.stderr
+    summary = pd.read_parquet(out / "summary.parquet")
+    patched = summary[summary.arm == "patched"].iloc[0]
+    assert patched.verdict == "FAIL" and "INCORRECT" in patched.reasons
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert (steps[(steps.arm == "patched") & (steps.phase == "warm")].shape[0]) == 6, "timing of a failed arm is kept"
