@@ -1,0 +1,209 @@
+"""Named custom ops `e2eprof::fastsoftmax` and `e2eprof::fastsoftmax_backward`, with dispatch and autograd.
+
+Named ops (not a bare autograd.Function) so profiler traces, opcheck and torch.compile see one opaque op per call.
+Dispatch: CUDA tensors run the Triton kernels; CPU tensors run cpu.py unless E2EPROF_FASTSOFTMAX_IMPL=triton
+forces the Triton kernels (meaningful only under TRITON_INTERPRET=1; used by tests). There is deliberately no
+fallback to torch's softmax: a patch that silently runs the stock op is exactly what e2eprof must catch, so a missing
+implementation raises instead. IMPL_CALLS counts which implementation ran, for the report.
+
+dtype arguments: torch.library accepts `torch.dtype` as the schema type `ScalarType` on torch >= 2.4 (checked on
+2.11 and 2.13), so dtypes are passed as plain `torch.dtype`, no encoding needed.
+"""
+
+import collections
+import math
+import os
+from typing import Optional
+
+import torch
+
+from . import cpu
+
+try:
+    import triton  # noqa: F401  (only probed here; the kernels are imported on first use, see _triton_kernels)
+
+    TRITON_AVAILABLE = True
+except ImportError:
+    TRITON_AVAILABLE = False
+
+IMPL_ENV = "E2EPROF_FASTSOFTMAX_IMPL"
+
+# Keys "triton.fwd", "triton.bwd", "cpu.fwd", "cpu.bwd": one per call that reached an implementation
+# (empty inputs included: the implementation is chosen and called, it just launches nothing).
+IMPL_CALLS: collections.Counter = collections.Counter()
+
+
+def _triton_kernels():
+    # Imported lazily: the module imports triton at top level, and @triton.jit decides at decoration time whether
+    # to build interpreted kernels, so TRITON_INTERPRET must already be set when this first runs.
+    from . import triton_kernels
+
+    return triton_kernels
+
+
+def _interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _choose_impl(t: torch.Tensor) -> str:
+    """Pick "triton" or "cpu" for tensor `t`, or raise: never a silent fallback to the stock op."""
+    if t.device.type == "cuda":
+        if not TRITON_AVAILABLE:
+            raise RuntimeError(
+                "e2eprof::fastsoftmax got a CUDA tensor but triton is not installed; refusing to fall back to "
+                "torch.softmax (install triton, or do not apply the fastsoftmax patch)"
+            )
+        return "triton"
+    if t.device.type != "cpu":
+        raise RuntimeError(f"e2eprof::fastsoftmax has no implementation for device {t.device}")
+    choice = os.environ.get(IMPL_ENV, "").strip().lower()
+    if choice in ("", "auto", "cpu"):
+        return "cpu"
+    if choice == "triton":
+        if not TRITON_AVAILABLE:
+            raise RuntimeError(f"{IMPL_ENV}=triton but triton is not installed")
+        if not _interpreter_on():
+            raise RuntimeError(
+                f"{IMPL_ENV}=triton on a CPU tensor needs TRITON_INTERPRET=1, set before triton is first imported"
+            )
+        return "triton"
+    raise ValueError(f"{IMPL_ENV} must be 'cpu', 'triton' or 'auto', got {choice!r}")
+
+
+def _normalize_dim(dim: int, ndim: int) -> int:
+    n = max(ndim, 1)  # a 0-d tensor softmaxes over dim 0 or -1, like torch
+    if not -n <= dim < n:
+        raise IndexError(f"dim {dim} out of range for a tensor of {ndim} dims")
+    return dim % n
+
+
+def _check_float(name: str, dtype: torch.dtype) -> None:
+    if not dtype.is_floating_point:
+        raise TypeError(f"e2eprof::fastsoftmax: {name} must be a floating dtype, got {dtype}")
+
+
+def _to_rows(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """View `t` as a contiguous [rows, cols] matrix with `dim` as the columns (copies only if needed)."""
+    moved = t.movedim(dim, -1) if t.dim() > 0 else t.reshape(1)  # (..., C)
+    cols = moved.shape[-1]
+    rows = math.prod(moved.shape[:-1])  # not numel // cols: cols may be 0
+    return moved.contiguous().reshape(rows, cols)  # (R, C)
+
+
+def _from_rows(y2d: torch.Tensor, shape: torch.Size, dim: int) -> torch.Tensor:
+    """Inverse of _to_rows: a new tensor of `shape`, contiguous in the original layout (as torch.softmax returns)."""
+    if len(shape) == 0:
+        return y2d.reshape(())
+    moved = list(shape)
+    moved.append(moved.pop(dim))
+    y = y2d.reshape(moved)  # (..., C), a view of the fresh y2d with standard strides
+    if dim == len(shape) - 1:
+        return y
+    out = torch.empty(shape, dtype=y2d.dtype, device=y2d.device)
+    out.movedim(dim, -1).copy_(y)
+    return out
+
+
+@torch.library.custom_op(
+    "e2eprof::fastsoftmax",
+    mutates_args=(),
+    schema="(Tensor x, int dim, ScalarType? out_dtype) -> Tensor",
+)
+def _fastsoftmax_op(x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    _check_float("x", x.dtype)
+    _check_float("out_dtype", out_dtype)
+    dim = _normalize_dim(dim, x.dim())
+    impl = _choose_impl(x)
+    x2d = _to_rows(x, dim)  # (R, C)
+    if impl == "triton":
+        y2d = _triton_kernels().softmax_forward(x2d, out_dtype)
+    else:
+        y2d = cpu.softmax_forward(x2d, out_dtype)
+    IMPL_CALLS[f"{impl}.fwd"] += 1
+    return _from_rows(y2d, x.shape, dim)
+
+
+@_fastsoftmax_op.register_fake
+def _fastsoftmax_fake(x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    _check_float("x", x.dtype)
+    _check_float("out_dtype", out_dtype)
+    _normalize_dim(dim, x.dim())
+    return x.new_empty(x.shape, dtype=out_dtype)
+
+
+@torch.library.custom_op(
+    "e2eprof::fastsoftmax_backward",
+    mutates_args=(),
+    schema="(Tensor grad_out, Tensor out, int dim, ScalarType in_dtype) -> Tensor",
+)
+def _fastsoftmax_backward_op(
+    grad_out: torch.Tensor, out: torch.Tensor, dim: int, in_dtype: torch.dtype
+) -> torch.Tensor:
+    _check_backward_args(grad_out, out, in_dtype)
+    dim = _normalize_dim(dim, out.dim())
+    impl = _choose_impl(out)
+    dy2d = _to_rows(grad_out, dim)  # (R, C)
+    y2d = _to_rows(out, dim)  # (R, C)
+    if impl == "triton":
+        dx2d = _triton_kernels().softmax_backward(dy2d, y2d, in_dtype)
+    else:
+        dx2d = cpu.softmax_backward(dy2d, y2d, in_dtype)
+    IMPL_CALLS[f"{impl}.bwd"] += 1
+    return _from_rows(dx2d, out.shape, dim)
+
+
+@_fastsoftmax_backward_op.register_fake
+def _fastsoftmax_backward_fake(
+    grad_out: torch.Tensor, out: torch.Tensor, dim: int, in_dtype: torch.dtype
+) -> torch.Tensor:
+    _check_backward_args(grad_out, out, in_dtype)
+    _normalize_dim(dim, out.dim())
+    return out.new_empty(out.shape, dtype=in_dtype)
+
+
+def _check_backward_args(grad_out: torch.Tensor, out: torch.Tensor, in_dtype: torch.dtype) -> None:
+    if grad_out.shape != out.shape:
+        raise ValueError(f"grad_out {tuple(grad_out.shape)} and out {tuple(out.shape)} must have the same shape")
+    if grad_out.device != out.device:
+        raise ValueError(f"grad_out on {grad_out.device} but out on {out.device}")
+    _check_float("grad_out", grad_out.dtype)
+    _check_float("out", out.dtype)
+    _check_float("in_dtype", in_dtype)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, dim, _out_dtype = inputs
+    # Backward needs only y (dx = y * (dy - sum(dy * y))), so x is not kept alive.
+    ctx.save_for_backward(output)
+    ctx.dim = dim
+    ctx.in_dtype = x.dtype  # the gradient has the input's dtype, as for torch.softmax(x, dtype=...)
+
+
+def _backward(ctx, grad_out):
+    (y,) = ctx.saved_tensors
+    dx = torch.ops.e2eprof.fastsoftmax_backward(grad_out, y, ctx.dim, ctx.in_dtype)
+    return dx, None, None
+
+
+_fastsoftmax_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fastsoftmax(x: torch.Tensor, dim: int = -1, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Softmax of `x` along `dim`, written as `out_dtype` (default: x.dtype), via `torch.ops.e2eprof.fastsoftmax`.
+
+    Reads x in its own dtype and accumulates in fp32 (fp64 for fp64 input on the CPU implementation), so
+    `fastsoftmax(scores_bf16, out_dtype=torch.float32)` replaces autocast's cast-then-softmax with one pass.
+    Differentiable; the gradient has x's dtype. The result is a new tensor, contiguous in x's layout.
+    """
+    return torch.ops.e2eprof.fastsoftmax(x, dim, out_dtype)
+
+
+def reference_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Trusted fp64 reference: softmax of x.double() along `dim`, returned as float64.
+
+    Uses torch.softmax on float64 on purpose: it is the yardstick the kernels are measured against, not a kernel.
+    Same -inf semantics (an all -inf row is NaN). Differentiable, so it also gives fp64 reference gradients.
+    """
+    return torch.softmax(x.double(), dim=dim)
