@@ -7,12 +7,8 @@ OUT=${OUT:-/tmp/e2eprof-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
-# Lay the package out as an installed wheel would (kernels/ and workloads/ inside e2eprof/), without pip.
-SITE=$(mktemp -d)
-cp -r e2eprof "$SITE/e2eprof"
-cp -r kernels "$SITE/e2eprof/kernels"
-cp -r workloads "$SITE/e2eprof/workloads"
-export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+# Nothing installed: e2eprof runs from the checkout (e2eprof/__init__.py finds kernels/ and workloads/).
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 {
   date -u +%FT%TZ

@@ -1,0 +1,310 @@
+"""The real loops a kernel has to speed up: one training step, one inference forward, one greedy generation.
+
+Each workload owns one model and one precision. `step` runs exactly what a real loop runs, including the
+host-to-device copy of the (pinned) batch and the optimizer step, and does not synchronize at the end unless the real
+loop would: the runner synchronizes and times around it. `capture` runs the same computation deterministically
+(eval mode, no dropout, no optimizer step) and returns CPU tensors that the correctness check compares across arms;
+it leaves weights, gradients, optimizer state and every module's train/eval flag as it found them.
+
+Precision strings:
+  fp32  no autocast, fp32 weights.
+  bf16  torch.autocast(device_type, torch.bfloat16) around forward and loss, fp32 weights (standard mixed precision).
+  fp16  as bf16 with torch.float16; training scales the loss with torch.amp.GradScaler.
+  fp64  no autocast; the caller has converted the model with .double(). Used for the reference run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import inspect
+import time
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import torch
+
+PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+# capture keeps at most this many logits (16 MiB in fp32): whole vocabulary rows of the first sequence, at evenly
+# spaced positions, see logit_positions. Full logits of a GPT-2 batch are gigabytes.
+MAX_CAPTURED_LOGITS = 4 * 1024 * 1024
+
+
+def logit_positions(seq_len: int, vocab_size: int) -> torch.Tensor:
+    """Positions (int64, ascending, distinct) of the first sequence whose full logit rows `capture` keeps.
+
+    As many rows as fit in MAX_CAPTURED_LOGITS (at most seq_len), evenly spaced from position 0 to seq_len - 1
+    inclusive, so both the start and the end of the sequence are checked.
+    """
+    rows = max(1, min(seq_len, MAX_CAPTURED_LOGITS // vocab_size))
+    if rows == 1:
+        return torch.tensor([seq_len - 1])
+    # Integer spacing (seq_len - 1) / (rows - 1) >= 1, so the positions are distinct.
+    return torch.arange(rows) * (seq_len - 1) // (rows - 1)
+
+
+class Workload:
+    """One model, one device, one precision; `step` for timing and `capture` for correctness.
+
+    Subclasses set `name`, declare their options with defaults in `defaults`, and implement `step` and `capture`.
+    The model is moved to `device` here (a no-op if it is there already).
+    """
+
+    name: ClassVar[str] = ""
+    defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, model: torch.nn.Module, device: torch.device | str, precision: str, **options: Any):
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}{_did_you_mean(precision, PRECISIONS)}; "
+                             f"known: {', '.join(PRECISIONS)}")
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            known = ", ".join(self.defaults) or "none"
+            raise ValueError(f"workload {self.name!r} has no option {unknown[0]!r}"
+                             f"{_did_you_mean(unknown[0], self.defaults)}; its options: {known}")
+        _check_weight_dtype(model, precision)
+        self.options: dict[str, Any] = {**self.defaults, **options}
+        self.device = torch.device(device)
+        self.precision = precision
+        self.model = model.to(self.device)
+
+    def step(self, host_batch: torch.Tensor) -> dict[str, float]:
+        """Run one real step on a host (B, T) int64 batch; return extra metrics (may be empty)."""
+        raise NotImplementedError
+
+    def capture(self, host_batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Run the step's computation deterministically; return CPU float32 tensors (float64 for fp64)."""
+        raise NotImplementedError
+
+    # -- helpers for subclasses --
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        dtype = _AUTOCAST_DTYPES.get(self.precision)
+        return torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+    def _to_device(self, host_batch: torch.Tensor) -> torch.Tensor:
+        # non_blocking: from pinned memory this is an async DMA the real loop overlaps with queued work.
+        return host_batch.to(self.device, non_blocking=True)
+
+    def _out(self, t: torch.Tensor) -> torch.Tensor:
+        """A captured value: detached, on the CPU, float64 for the fp64 reference and float32 otherwise."""
+        return t.detach().to("cpu", torch.float64 if self.precision == "fp64" else torch.float32)
+
+    def _logits_out(self, logits: torch.Tensor) -> torch.Tensor:
+        # logits: (B, T, V) -> (R, V), rows of the first sequence at logit_positions(T, V)
+        pos = logit_positions(logits.shape[1], logits.shape[2]).to(logits.device)
+        return self._out(logits[0, pos, :])
+
+    def _sync(self) -> None:
+        # Device-wide, so work a kernel queued on another stream is waited for too. CPU ops are synchronous.
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+class TrainWorkload(Workload):
+    """One training step: zero_grad, copy, forward with labels under autocast, backward, AdamW step.
+
+    Option `lr` (default 1e-4). AdamW keeps torch's default implementation choice (foreach on CUDA, a per-parameter
+    loop on CPU; not fused) because that is what an unmodified Hugging Face loop gets.
+    """
+
+    name = "train"
+    defaults = {"lr": 1e-4}
+
+    def __init__(self, model: torch.nn.Module, device: torch.device | str, precision: str, **options: Any):
+        super().__init__(model, device, precision, **options)
+        self.model.train()
+        self.params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW([p for _, p in self.params], lr=self.options["lr"])
+        # Disabled (an identity) unless fp16, so every precision goes through one code path.
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
+
+    def step(self, host_batch: torch.Tensor) -> dict[str, float]:
+        """One optimizer step. Synchronizes only inside GradScaler for fp16 (its inf check reads a device value)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        ids = self._to_device(host_batch)  # (B, T)
+        with self._autocast():
+            # labels=input_ids: the model shifts them internally. No KV cache: training never reads it.
+            loss = self.model(input_ids=ids, labels=ids, use_cache=False).loss
+        self.scaler.scale(loss).backward()  # backward outside autocast, as the autocast docs prescribe
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return {}
+
+    def capture(self, host_batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        """{"loss": scalar, "logits": (R, V) rows (see logit_positions), "grad/<name>": each trainable parameter's
+        gradient}. In eval mode, with no optimizer step; the gradients present before the call are put back."""
+        saved = [p.grad for _, p in self.params]
+        for _, p in self.params:
+            p.grad = None
+        try:
+            with _eval_mode(self.model):
+                ids = self._to_device(host_batch)  # (B, T)
+                with self._autocast():
+                    out = self.model(input_ids=ids, labels=ids, use_cache=False)
+                # fp16: scale like the training step does, or small gradients flush to zero in half precision.
+                scale = float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
+                (out.loss * scale).backward()
+                result = {"loss": self._out(out.loss), "logits": self._logits_out(out.logits)}
+                for n, p in self.params:
+                    # A parameter the loss does not reach reports zeros, so every arm has the same keys.
+                    g = p.grad if p.grad is not None else torch.zeros_like(p)
+                    result[f"grad/{n}"] = self._out(g / scale)
+                return result
+        finally:
+            for (_, p), g in zip(self.params, saved):
+                p.grad = g
+
+
+class InferWorkload(Workload):
+    """One inference forward over the whole batch (scoring / prefill without a cache), eval mode, no_grad."""
+
+    name = "infer"
+
+    def __init__(self, model: torch.nn.Module, device: torch.device | str, precision: str, **options: Any):
+        super().__init__(model, device, precision, **options)
+        self.model.eval()
+
+    def step(self, host_batch: torch.Tensor) -> dict[str, float]:
+        """One forward; the logits stay on the device, nothing synchronizes."""
+        ids = self._to_device(host_batch)  # (B, T)
+        with torch.no_grad(), self._autocast():
+            # use_cache=False: the forward scores the full sequence and a cache would be thrown away.
+            self.model(input_ids=ids, use_cache=False)
+        return {}
+
+    def capture(self, host_batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        """{"logits": (R, V) rows (see logit_positions), "loss": scalar next-token loss with labels=input_ids}."""
+        with torch.no_grad(), _eval_mode(self.model):
+            ids = self._to_device(host_batch)  # (B, T)
+            with self._autocast():
+                out = self.model(input_ids=ids, labels=ids, use_cache=False)
+            return {"logits": self._logits_out(out.logits), "loss": self._out(out.loss)}
+
+
+class GenerateWorkload(Workload):
+    """Greedy decoding with a KV cache, written out by hand so every forward is visible to the profiler.
+
+    Prefill over the prompt (the batch truncated to max_positions - new_tokens tokens), argmax of the last position,
+    then new_tokens - 1 single-token decode forwards that pass the cache back in. Option `new_tokens` (default 16, >= 2
+    so that time per output token is defined).
+    """
+
+    name = "generate"
+    defaults = {"new_tokens": 16}
+
+    def __init__(self, model: torch.nn.Module, device: torch.device | str, precision: str, **options: Any):
+        super().__init__(model, device, precision, **options)
+        self.new_tokens = self.options["new_tokens"]
+        if not isinstance(self.new_tokens, int) or self.new_tokens < 2:
+            raise ValueError(f"new_tokens must be an int >= 2, got {self.new_tokens!r}")
+        self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
+        if self.max_positions is not None and self.new_tokens >= self.max_positions:
+            raise ValueError(f"new_tokens={self.new_tokens} leaves no room for a prompt "
+                             f"(max_positions {self.max_positions})")
+        self._cache_kwarg = _cache_kwarg(self.model)
+        self.model.eval()
+
+    def step(self, host_batch: torch.Tensor) -> dict[str, float]:
+        """Generate new_tokens tokens; return {"ttft_ms": prefill + first token, "tpot_ms": mean per later token}.
+
+        Synchronizes twice, where a streaming server would: when the first token exists, and when the generated ids
+        are copied to the host at the end.
+        """
+        _, _, (t0, t1, t2) = self._generate(host_batch)
+        return {"ttft_ms": (t1 - t0) / 1e6, "tpot_ms": (t2 - t1) / 1e6 / (self.new_tokens - 1)}
+
+    def capture(self, host_batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        """{"tokens": (B, new_tokens) int64 generated ids, "prefill_logits": (B, V) last prompt position's logits}."""
+        with _eval_mode(self.model):
+            tokens, prefill_logits, _ = self._generate(host_batch)
+        return {"tokens": tokens, "prefill_logits": self._out(prefill_logits)}
+
+    @torch.no_grad()
+    def _generate(self, host_batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, int]]:
+        t0 = time.perf_counter_ns()  # the request arrives: copying the prompt counts toward the first token
+        ids = self._to_device(host_batch)  # (B, T); copied whole then sliced, so the pinned copy stays async
+        if self.max_positions is not None:
+            ids = ids[:, : self.max_positions - self.new_tokens]  # (B, P)
+        with self._autocast():
+            out = self.model(input_ids=ids, use_cache=True)
+        cache = _cache_of(out)
+        prefill_logits = out.logits[:, -1, :]  # (B, V)
+        token = prefill_logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+        self._sync()
+        t1 = time.perf_counter_ns()
+
+        tokens = [token]
+        for _ in range(self.new_tokens - 1):
+            with self._autocast():
+                # Position ids follow from the cache length; no padding, so no attention mask is needed.
+                out = self.model(input_ids=token, use_cache=True, **{self._cache_kwarg: cache})
+            cache = _cache_of(out)
+            token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)  # (B, 1)
+            tokens.append(token)
+        generated = torch.cat(tokens, dim=1).to("cpu")  # (B, new_tokens); waits for the decode loop
+        self._sync()
+        t2 = time.perf_counter_ns()
+        return generated, prefill_logits, (t0, t1, t2)
+
+
+WORKLOADS: dict[str, type[Workload]] = {"train": TrainWorkload, "infer": InferWorkload, "generate": GenerateWorkload}
+
+
+def make_workload(name: str, model: torch.nn.Module, device: torch.device | str, precision: str,
+                  **options: Any) -> Workload:
+    """Construct the workload registered under `name`; unknown names raise ValueError with a close match."""
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}{_did_you_mean(name, WORKLOADS)}; known: {', '.join(WORKLOADS)}")
+    return WORKLOADS[name](model, device, precision, **options)
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode inside, then every module's own training flag restored (not just the root's)."""
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, was_training in flags:
+            m.training = was_training
+
+
+def _check_weight_dtype(model: torch.nn.Module, precision: str) -> None:
+    # fp64 only means something on a .double() model, and an fp64 model under "fp32" would silently run in fp64.
+    want = torch.float64 if precision == "fp64" else torch.float32
+    found = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if found - {want}:
+        got = ", ".join(sorted(str(d).removeprefix("torch.") for d in found))
+        raise ValueError(f"precision {precision!r} needs {str(want).removeprefix('torch.')} weights, model has {got}"
+                         + (" (call model.double() for the fp64 reference)" if precision == "fp64" else ""))
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """The forward keyword that takes the KV cache: `cache` in newer transformers 5.x, `past_key_values` before.
+
+    Newer versions still accept `past_key_values` but log a deprecation warning, so ask the signature.
+    """
+    forward = getattr(model, "_orig_mod", model).forward  # look through torch.compile's wrapper
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _cache_of(out: Any) -> Any:
+    # Read the key that exists; out.past_key_values on newer versions is a property that logs a deprecation warning.
+    keys = out.keys()
+    for key in ("cache", "past_key_values"):
+        if key in keys and out[key] is not None:
+            return out[key]
+    raise RuntimeError("the model returned no KV cache with use_cache=True; it cannot run the generate workload")
+
+
+def _did_you_mean(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,0 +1,170 @@
+"""Which model a run measures: named presets built from configs, or a local folder of safetensors weights.
+
+Nothing is ever downloaded. Presets are built from a config in code with seeded random weights, so two processes
+(one per arm) that pass the same seed get bit-identical weights. Folders are loaded with `local_files_only=True` and
+`use_safetensors=True`, so a pickle checkpoint (`*.bin`) is never unpickled.
+
+`resolve_model` only validates (cheap, no weights); `build_model` does the expensive part. The split lets a CLI reject
+a typo before it spawns worker processes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+# Keyword arguments for transformers.GPT2Config. Anything not listed keeps GPT2Config's default
+# (dropout 0.1, layer_norm_epsilon 1e-5, activation gelu_new, tied embeddings, ...).
+PRESETS: dict[str, dict[str, Any]] = {
+    "gpt2": dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257),  # 124.4M params
+    "gpt2-medium": dict(n_layer=24, n_embd=1024, n_head=16, n_positions=1024, vocab_size=50257),  # 354.8M params
+    # For tests. bos/eos default to 50256, outside a 512-token vocabulary; transformers warns about that, so move them.
+    "gpt2-tiny": dict(
+        n_layer=2, n_embd=64, n_head=4, n_positions=256, vocab_size=512, bos_token_id=511, eos_token_id=511
+    ),
+}
+
+
+class ModelLoadError(ValueError):
+    """A model name, folder or attention implementation that cannot be used. The message is one line."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What `resolve_model` found: a preset name or a validated local folder (plain data, picklable, JSON-friendly)."""
+
+    kind: Literal["preset", "folder"]
+    name: str  # preset name, or the folder's base name
+    path: str | None  # absolute folder path; None for presets
+    architecture: str  # config.model_type, e.g. "gpt2"
+
+
+def resolve_model(name_or_path: str) -> ModelSource:
+    """Validate a preset name or a local model folder without loading any weights.
+
+    An exact preset name wins over a same-named folder in the working directory; pass "./gpt2" for the folder.
+    A folder must hold config.json (a JSON object with a model_type that transformers has a causal-LM class for)
+    and at least one *.safetensors file. Raises ModelLoadError naming what is missing.
+    """
+    if name_or_path in PRESETS:
+        return ModelSource(kind="preset", name=name_or_path, path=None, architecture="gpt2")
+    path = Path(name_or_path).expanduser()
+    if not _looks_like_path(name_or_path) and not path.exists():
+        raise ModelLoadError(_unknown_model_message(name_or_path))
+    return _resolve_folder(path)
+
+
+def build_model(source: ModelSource, *, attn_implementation: str, seed: int) -> torch.nn.Module:
+    """Build the model on CPU in fp32, in eval mode, with the requested attention implementation.
+
+    Presets get weights drawn from torch's CPU generator seeded with `seed`; the caller's global RNG state is left
+    as it was (the draw happens inside `torch.random.fork_rng`). For folders the seed only matters if transformers
+    had to initialise something, which we refuse anyway (missing weights raise ModelLoadError).
+    """
+    if "/" in attn_implementation:
+        # transformers treats "org/repo" as a kernel to fetch from the Hub; we never download.
+        raise ModelLoadError(f"attn_implementation {attn_implementation!r} names a Hub kernel; downloads are disabled")
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            if source.kind == "preset":
+                # A fresh config per build: from_config stores the config object on the model and writes
+                # _attn_implementation into it, so a shared config would switch an earlier model's attention too.
+                config = GPT2Config(**PRESETS[source.name])
+                model = AutoModelForCausalLM.from_config(
+                    config, attn_implementation=attn_implementation, dtype=torch.float32
+                )
+            else:
+                # transformers 5.x: `dtype` (torch_dtype is deprecated). Without it the default is "auto",
+                # i.e. whatever dtype the checkpoint was saved in.
+                model, info = AutoModelForCausalLM.from_pretrained(
+                    source.path,
+                    local_files_only=True,
+                    use_safetensors=True,
+                    attn_implementation=attn_implementation,
+                    dtype=torch.float32,
+                    output_loading_info=True,
+                )
+                missing = sorted(info.get("missing_keys") or [])
+                if missing:
+                    # transformers would silently fill these with random values; measuring that is not measuring
+                    # the checkpoint.
+                    shown = ", ".join(missing[:3]) + (f" (+{len(missing) - 3} more)" if len(missing) > 3 else "")
+                    raise ModelLoadError(f"weights in {source.path!r} do not cover the model; missing: {shown}")
+        except (ValueError, ImportError, OSError) as e:
+            if isinstance(e, ModelLoadError):
+                raise
+            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ModelLoadError(f"cannot build {source.name!r} with attn_implementation={attn_implementation!r}: "
+                                 f"{first_line}") from e
+
+    got = getattr(model.config, "_attn_implementation", None)
+    if got != attn_implementation:
+        raise ModelLoadError(
+            f"asked for attn_implementation={attn_implementation!r} but {source.name!r} was built with {got!r}"
+        )
+    model.to(dtype=torch.float32)  # a no-op unless a checkpoint kept some buffers in another dtype
+    return model.eval()
+
+
+def describe(model: torch.nn.Module) -> dict[str, Any]:
+    """Facts about a built model for reports: n_params (tied weights counted once), architecture, vocab_size,
+    max_positions, n_layer. Fields the config does not define are None."""
+    config = model.config
+    return {
+        "n_params": sum(p.numel() for p in model.parameters()),  # parameters() already de-duplicates tied weights
+        "architecture": config.model_type,
+        "vocab_size": getattr(config, "vocab_size", None),
+        # GPT2Config maps these standard names onto n_positions / n_layer through its attribute_map.
+        "max_positions": getattr(config, "max_position_embeddings", None),
+        "n_layer": getattr(config, "num_hidden_layers", None),
+    }
+
+
+def _looks_like_path(s: str) -> bool:
+    return "/" in s or "\\" in s or s.startswith((".", "~"))
+
+
+def _unknown_model_message(name: str) -> str:
+    close = difflib.get_close_matches(name, PRESETS, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    known = ", ".join(PRESETS)
+    return f"unknown model {name!r}{hint}; known: {known}, or a local folder with config.json and *.safetensors"
+
+
+def _resolve_folder(path: Path) -> ModelSource:
+    if not path.exists():
+        raise ModelLoadError(f"model folder {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise ModelLoadError(f"{str(path)!r} is not a folder; expected a folder with config.json and *.safetensors")
+    path = path.resolve()
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"model folder {str(path)!r} has no config.json")
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{str(config_file)!r} is not readable JSON: {e}") from e
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise ModelLoadError(f"{str(config_file)!r} has no \"model_type\" string")
+    if not any(path.glob("*.safetensors")):
+        pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt*"))
+        found = f" (found {', '.join(pickles[:3])}; pickle checkpoints are never loaded, convert to safetensors)" \
+            if pickles else ""
+        raise ModelLoadError(f"model folder {str(path)!r} has no *.safetensors weights{found}")
+
+    architecture = config["model_type"]
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if architecture not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        # Remote-code models (auto_map) land here too: we never run code shipped inside a model folder.
+        raise ModelLoadError(f"model_type {architecture!r} in {str(config_file)!r} has no causal-LM class in "
+                             f"this transformers version")
+    return ModelSource(kind="folder", name=path.name, path=str(path), architecture=architecture)
