@@ -37,17 +37,34 @@ class ModuleProxy(types.ModuleType):
         return getattr(self.__dict__["_e2eprof_wrapped"], name)
 
 
-def _argument_signature(args: tuple, kwargs: dict) -> str:
-    """'float32[8,12,1024,1024], dim=-1' style key: which shapes and dtypes the model fed the op."""
+def _signature_key(args: tuple, kwargs: dict) -> tuple:
+    """Cheap hashable key of the shapes/dtypes/values a call received (formatted only when reported).
+
+    This runs on every call of the patched function, inside the timed loop, so it must cost far less than a
+    kernel launch: tuples of shapes and dtypes, no string formatting.
+    """
+    key = tuple((a.dtype, tuple(a.shape)) if isinstance(a, torch.Tensor) else a for a in args)
+    if kwargs:
+        key += tuple((k, (v.dtype, tuple(v.shape)) if isinstance(v, torch.Tensor) else v) for k, v in sorted(kwargs.items()))
+    return key
+
+
+def format_signature(key: tuple) -> str:
+    """'float32[8,12,1024,1024], dim=-1' for a key made by _signature_key."""
 
     def one(value) -> str:
-        if isinstance(value, torch.Tensor):
-            return f"{str(value.dtype).removeprefix('torch.')}[{','.join(map(str, value.shape))}]"
+        if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], torch.dtype):
+            return f"{str(value[0]).removeprefix('torch.')}[{','.join(map(str, value[1]))}]"
         if isinstance(value, torch.dtype):
             return str(value).removeprefix("torch.")
         return repr(value)
 
-    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in sorted(kwargs.items())]
+    parts = []
+    for item in key:
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            parts.append(f"{item[0]}={one(item[1])}")
+        else:
+            parts.append(one(item))
     return ", ".join(parts)
 
 
@@ -77,17 +94,17 @@ class CallRecorder:
         self.patch = patch
         self.original = original
         self.calls = 0
-        self.signatures: Counter[str] = Counter()
+        self.signatures: Counter[tuple] = Counter()
         self.verify = False
         self.checks: dict[str, OpCheck] = {}
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
-        signature = _argument_signature(args, kwargs)
-        self.signatures[signature] += 1
+        key = _signature_key(args, kwargs)
+        self.signatures[key] += 1
         out = self.patch.replacement(*args, **kwargs)
         if self.verify:
-            self._check(signature, args, kwargs, out)
+            self._check(format_signature(key), args, kwargs, out)
         return out
 
     def _check(self, signature: str, args: tuple, kwargs: dict, out) -> None:
@@ -139,9 +156,11 @@ class AppliedPatch:
         return sum(s["count"] for s in self.sites)
 
     def signatures(self) -> Counter[str]:
+        """Calls per argument signature, formatted ('float32[8,12,1024,1024], dim=-1')."""
         total: Counter[str] = Counter()
         for recorder in self.recorders:
-            total.update(recorder.signatures)
+            for key, count in recorder.signatures.items():
+                total[format_signature(key)] += count
         return total
 
     def set_verify(self, on: bool) -> None:
@@ -222,29 +241,45 @@ def apply_patch(patch: Patch, model: torch.nn.Module | None = None) -> AppliedPa
     return applied
 
 
-def _apply_function(applied: AppliedPatch, target: str, module, parts: list[str], objects: list, original) -> None:
-    if not callable(original):
-        raise PatchError(f"target {target}: '{parts[-1]}' is not callable")
-    recorder = CallRecorder(applied.patch, original)
-    applied.recorders.append(recorder)
+def _install(applied: AppliedPatch, target: str, module, parts: list[str], new: object) -> None:
+    """Put `new` at `parts` as `module` sees it, recording the change; never mutates a shared module."""
+    # Walk the live path, not the one resolved before applying: an earlier target of this patch may already
+    # have put a proxy on it, and that proxy must be extended, not overwritten.
+    objects: list[object] = [module]
+    for part in parts[:-1]:
+        objects.append(getattr(objects[-1], part))
     # Find the outermost shared module on the path: proxy from there down so nothing outside `module` changes.
     first_shared = next(
         (i for i in range(1, len(parts)) if isinstance(objects[i], types.ModuleType) and objects[i] is not module),
         None,
     )
     if first_shared is None:
-        owner = objects[-2]
-        applied._changes.append(_Change(owner, parts[-1], original))
-        setattr(owner, parts[-1], recorder)
-    else:
-        replacement: object = recorder
-        for i in range(len(parts) - 1, first_shared - 1, -1):
-            if not isinstance(objects[i], types.ModuleType):
-                raise PatchError(f"target {target}: cannot scope a replacement inside non-module '{parts[i - 1]}'")
-            replacement = ModuleProxy(objects[i], {parts[i]: replacement})
-        owner = objects[first_shared - 1]
-        applied._changes.append(_Change(owner, parts[first_shared - 1], objects[first_shared]))
-        setattr(owner, parts[first_shared - 1], replacement)
+        owner = objects[-1]
+        if isinstance(owner, type):
+            # A plain callable stored on a class is not bound to instances (and staticmethods, classmethods and
+            # inherited attributes would not be restored exactly): the model would break or stay changed.
+            raise PatchError(
+                f"target {target}: '{parts[-1]}' is an attribute of class {owner.__name__}; replace the class "
+                f"with a subclass instead (target '{target.partition(':')[0]}:{'.'.join(parts[:-1])}')"
+            )
+        applied._changes.append(_Change(owner, parts[-1], getattr(owner, parts[-1])))
+        setattr(owner, parts[-1], new)
+        return
+    for i in range(len(parts) - 1, first_shared - 1, -1):
+        if not isinstance(objects[i], types.ModuleType):
+            raise PatchError(f"target {target}: cannot scope a replacement inside non-module '{parts[i - 1]}'")
+        new = ModuleProxy(objects[i], {parts[i]: new})
+    owner = objects[first_shared - 1]
+    applied._changes.append(_Change(owner, parts[first_shared - 1], objects[first_shared]))
+    setattr(owner, parts[first_shared - 1], new)
+
+
+def _apply_function(applied: AppliedPatch, target: str, module, parts: list[str], objects: list, original) -> None:
+    if not callable(original):
+        raise PatchError(f"target {target}: '{parts[-1]}' is not callable")
+    recorder = CallRecorder(applied.patch, original)
+    _install(applied, target, module, parts, recorder)
+    applied.recorders.append(recorder)
     applied.sites.append({"target": target, "kind": "function", "count": 1})
 
 
@@ -252,11 +287,7 @@ def _apply_class(applied: AppliedPatch, target: str, module, parts: list[str], o
     replacement = applied.patch.replacement
     if not (isinstance(replacement, type) and issubclass(replacement, original)):
         raise PatchError(f"target {target} is a class; the replacement must be a subclass of {original.__name__}")
-    owner_path = [module]
-    for part in parts[:-1]:
-        owner_path.append(getattr(owner_path[-1], part))
-    applied._changes.append(_Change(owner_path[-1], parts[-1], original))
-    setattr(owner_path[-1], parts[-1], replacement)
+    _install(applied, target, module, parts, replacement)
     count = 0
     if model is not None:
         for sub in model.modules():
