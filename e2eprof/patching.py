@@ -87,12 +87,20 @@ class OpCheck:
     problems: list[str] = field(default_factory=list)
 
 
+REPLACED_RANGE_PREFIX = "e2eprof.replaced::"
+
+
 class CallRecorder:
     """The callable installed at a target: counts calls, records signatures, optionally verifies."""
 
-    def __init__(self, patch: Patch, original: Callable):
+    def __init__(self, patch: Patch, original: Callable, passthrough: bool = False):
         self.patch = patch
         self.original = original
+        # passthrough: call the stock function (used in stock arms while profiling, so the replaced region is
+        # measured the same way in every arm).
+        self.target = original if passthrough else patch.replacement
+        self.range_name = f"{REPLACED_RANGE_PREFIX}{patch.name}"
+        self.mark_ranges = False
         self.calls = 0
         self.signatures: Counter[tuple] = Counter()
         self.verify = False
@@ -102,7 +110,11 @@ class CallRecorder:
         self.calls += 1
         key = _signature_key(args, kwargs)
         self.signatures[key] += 1
-        out = self.patch.replacement(*args, **kwargs)
+        if self.mark_ranges:
+            with torch.profiler.record_function(self.range_name):
+                out = self.target(*args, **kwargs)
+        else:
+            out = self.target(*args, **kwargs)
         if self.verify:
             self._check(format_signature(key), args, kwargs, out)
         return out
@@ -163,6 +175,11 @@ class AppliedPatch:
                 total[format_signature(key)] += count
         return total
 
+    def set_mark_ranges(self, on: bool) -> None:
+        """Wrap each call in a profiler range named e2eprof.replaced::<patch> (profiling phase only)."""
+        for recorder in self.recorders:
+            recorder.mark_ranges = on
+
     def set_verify(self, on: bool) -> None:
         for recorder in self.recorders:
             recorder.verify = on
@@ -214,11 +231,12 @@ def check_model_fits(patch: Patch, architecture: str, attn_implementation: str |
         )
 
 
-def apply_patch(patch: Patch, model: torch.nn.Module | None = None) -> AppliedPatch:
+def apply_patch(patch: Patch, model: torch.nn.Module | None = None, *, passthrough: bool = False) -> AppliedPatch:
     """Install `patch` at all its targets; with a model, also swap classes of existing instances.
 
     Resolves every target first, so a patch with one bad target changes nothing. Raises PatchError when a
-    target does not exist or the patch would replace zero sites.
+    target does not exist or the patch would replace zero sites. With passthrough=True the recorder calls the
+    stock function (a stock arm's profiling instrument); class targets are left alone then.
     """
     if model is not None:
         config = getattr(model, "config", None)
@@ -229,13 +247,14 @@ def apply_patch(patch: Patch, model: torch.nn.Module | None = None) -> AppliedPa
         for target, module, parts, objects in resolved:
             original = objects[-1]
             if isinstance(original, type):
-                _apply_class(applied, target, module, parts, original, model)
+                if not passthrough:
+                    _apply_class(applied, target, module, parts, original, model)
             else:
-                _apply_function(applied, target, module, parts, objects, original)
+                _apply_function(applied, target, module, parts, objects, original, passthrough)
     except Exception:
         applied.revert()
         raise
-    if applied.n_sites == 0:
+    if applied.n_sites == 0 and not passthrough:
         applied.revert()
         raise PatchError(f"patch '{patch.name}' replaced zero sites in this model")
     return applied
@@ -274,10 +293,11 @@ def _install(applied: AppliedPatch, target: str, module, parts: list[str], new: 
     setattr(owner, parts[first_shared - 1], new)
 
 
-def _apply_function(applied: AppliedPatch, target: str, module, parts: list[str], objects: list, original) -> None:
+def _apply_function(applied: AppliedPatch, target: str, module, parts: list[str], objects: list, original,
+                    passthrough: bool = False) -> None:
     if not callable(original):
         raise PatchError(f"target {target}: '{parts[-1]}' is not callable")
-    recorder = CallRecorder(applied.patch, original)
+    recorder = CallRecorder(applied.patch, original, passthrough)
     _install(applied, target, module, parts, recorder)
     applied.recorders.append(recorder)
     applied.sites.append({"target": target, "kind": "function", "count": 1})
