@@ -56,6 +56,11 @@ def source_hash(patch: Patch) -> str:
     return digest.hexdigest()
 
 
+def _one_line(exc: BaseException) -> str:
+    """'Type: message' on one line (user code may raise multi-line messages; a PatchError is one line)."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
 def _patches_in(namespace: dict, where: str) -> list[Patch]:
     found = [value for value in namespace.values() if isinstance(value, Patch)]
     if not found:
@@ -86,7 +91,7 @@ def _load_file(path: Path) -> dict:
         spec.loader.exec_module(module)
     except Exception as exc:  # any error in user code is a usage error about that file
         sys.modules.pop(module_name, None)
-        raise PatchError(f"patch file {path} failed to import: {type(exc).__name__}: {exc}") from None
+        raise PatchError(f"patch file {path} failed to import: {_one_line(exc)}") from None
     return vars(module)
 
 
@@ -94,7 +99,7 @@ def _import_attr(module_name: str, attr: str | None, spec: str) -> list[Patch] |
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        raise PatchError(f"patch '{spec}': module '{module_name}' failed to import: {type(exc).__name__}: {exc}") from None
+        raise PatchError(f"patch '{spec}': module '{module_name}' failed to import: {_one_line(exc)}") from None
     if attr is None:
         return _patches_in(vars(module), f"module {module_name}")
     if not hasattr(module, attr):
@@ -124,7 +129,7 @@ def load_patch(spec: str) -> LoadedPatch:
         try:
             value = ep.load()
         except Exception as exc:
-            raise PatchError(f"patch '{spec}' (entry point {ep.value}) failed to load: {type(exc).__name__}: {exc}") from None
+            raise PatchError(f"patch '{spec}' (entry point {ep.value}) failed to load: {_one_line(exc)}") from None
         if not isinstance(value, Patch):
             raise PatchError(f"entry point '{spec}' ({ep.value}) is not an e2eprof.patch.Patch")
         dist = ep.dist.name if ep.dist else "?"

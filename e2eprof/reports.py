@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import uuid
 from pathlib import Path
 
 import pandas as pd
@@ -31,7 +31,8 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
 
 def write_table(out_dir: Path, name: str, rows: list[dict] | pd.DataFrame) -> Path:
     """Write `<out_dir>/<name>.parquet` atomically; columns listed in TABLE_COLUMNS must be present."""
-    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    # A shallow copy: adding the missing required columns must not change the caller's frame.
+    frame = rows.copy(deep=False) if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     required = TABLE_COLUMNS.get(name, ())
     for column in required:
         if column not in frame.columns:
@@ -40,8 +41,9 @@ def write_table(out_dir: Path, name: str, rows: list[dict] | pd.DataFrame) -> Pa
     frame = frame[ordered]
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / f"{name}.parquet"
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".parquet.tmp", dir=out_dir)
-    os.close(fd)
+    # A unique name that pyarrow creates itself, so the file gets the usual umask mode (mkstemp's is 0600 and
+    # would survive the rename, leaving reports unreadable to anyone else).
+    tmp = out_dir / f".{name}.{os.getpid()}.{uuid.uuid4().hex}.parquet.tmp"
     try:
         frame.to_parquet(tmp, index=False)
         os.replace(tmp, final)

@@ -1,0 +1,93 @@
+"""The real entry point (`python -m e2eprof`) in a subprocess: bad input is one line on stderr and exit code 2.
+
+Each case passes tiny, fast settings apart from the one bad value, so if validation ever let a case through, the
+test would fail on the exit code after a short run instead of hanging on a full GPT-2 comparison.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+TIMEOUT_S = 300
+
+
+def e2eprof(args: list[str], cwd) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "E2EPROF_DEBUG"}  # tracebacks must not be switched on
+    return subprocess.run([sys.executable, "-m", "e2eprof", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=TIMEOUT_S)
+
+
+def compare_args(report_dir, **options) -> list[str]:
+    """`compare` with small CPU settings; `options` (name without dashes -> value) override them."""
+    settings = {"model": "gpt2-tiny", "patch": "fastsoftmax", "workload": "infer", "device": "cpu", "batch": "1",
+                "seq": "8", "steps": "2", "block-steps": "1", "out": str(report_dir)}
+    settings |= options
+    return ["compare"] + [part for name, value in settings.items() for part in ("--" + name, value)]
+
+
+def no_safetensors_folder(tmp_path):
+    folder = tmp_path / "pickled-gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1}))
+    (folder / "pytorch_model.bin").write_bytes(b"not loaded")
+    return str(folder)
+
+
+def full_out_dir(tmp_path):
+    out = tmp_path / "old-report"
+    out.mkdir()
+    (out / "run.parquet").write_bytes(b"an earlier run")
+    return str(out)
+
+
+# (id, options given to compare_args or a raw argv, what the message must say)
+CASES = [
+    ("unknown-model", {"model": "gpt2-tinny"}, ["--model", "unknown model 'gpt2-tinny'", "did you mean 'gpt2-tiny'"]),
+    ("unknown-patch", {"patch": "fastsoftmx"}, ["unknown patch 'fastsoftmx'", "did you mean 'fastsoftmax'"]),
+    ("unknown-workload", {"workload": "trian"}, ["--workload", "did you mean 'train'"]),
+    ("batch-not-int", {"batch": "abc"}, ["--batch", "integer"]),
+    ("batch-zero", {"batch": "0"}, ["--batch: must be an integer >= 1, got 0"]),
+    ("steps-negative", {"steps": "-1"}, ["--steps: must be an integer >= 2, got -1"]),
+    ("unknown-option", ["compare", "--bogus", "1"], ["No such option: --bogus"]),
+    ("out-not-empty", {"out": full_out_dir}, ["--out", "already holds a report", "--force"]),
+    ("no-safetensors", {"model": no_safetensors_folder}, ["--model", "no *.safetensors weights", "pytorch_model.bin"]),
+]
+
+
+@pytest.mark.parametrize("options, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, options, expected):
+    out = tmp_path / "report"
+    if isinstance(options, list):
+        argv = options
+    else:
+        options = {k: v(tmp_path) if callable(v) else v for k, v in options.items()}
+        argv = compare_args(out, **options)
+    old_report = tmp_path / "old-report"
+    before = {p.name: p.read_bytes() for p in old_report.iterdir()} if old_report.exists() else {}
+
+    result = e2eprof(argv, cwd=tmp_path)
+
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("e2eprof: error: "), lines[0]
+    for fragment in expected:
+        assert fragment in lines[0], lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+    # Rejected before measuring: no report directory, nothing overwritten, nothing written in the working dir.
+    assert not out.exists()
+    if before:
+        assert {p.name: p.read_bytes() for p in old_report.iterdir()} == before
+    assert not (tmp_path / "reports").exists()
+
+
+def test_list(tmp_path):
+    result = e2eprof(["list"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "fastsoftmax" in result.stdout and "builtin" in result.stdout
+    assert "gpt2-tiny" in result.stdout
+    assert "train, infer, generate" in result.stdout
