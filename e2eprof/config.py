@@ -58,6 +58,10 @@ class CompareConfig:
     confidence: float = 0.95
     max_warmup_steps: int = 50
     warmup_tolerance: float = 0.02  # warm-up ends when consecutive window medians differ by less than this
+    profile: bool = True  # per-op profiling phase after timing
+    profile_warmup: int = 2
+    profile_steps: int = 3
+    trace: bool = False  # also export gzipped Chrome traces (size-capped)
     out: Path | None = None
     force: bool = False
     command_line: str = ""
@@ -68,7 +72,8 @@ class CompareConfig:
             raise UsageError("--model: must name a preset or a folder")
         if not self.patch:
             raise UsageError("--patch: must name a patch")
-        workloads = tuple(self.workloads)
+        # A single name is one workload (tuple('train') would be five one-letter ones).
+        workloads = (self.workloads,) if isinstance(self.workloads, str) else tuple(self.workloads)
         if not workloads:
             raise UsageError("--workload: give at least one of " + ", ".join(WORKLOAD_NAMES))
         for w in workloads:
@@ -83,7 +88,8 @@ class CompareConfig:
         for name in ("batch", "seq", "steps", "block_steps", "new_tokens", "precision"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, getattr(defaults, name))
-        for name, low in (("batch", 1), ("seq", 2), ("steps", 2), ("block_steps", 1), ("new_tokens", 2), ("max_warmup_steps", 0)):
+        for name, low in (("batch", 1), ("seq", 2), ("steps", 2), ("block_steps", 1), ("new_tokens", 2), ("max_warmup_steps", 0),
+                          ("profile_warmup", 0), ("profile_steps", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise UsageError(f"--{name.replace('_', '-')}: must be an integer >= {low}, got {value!r}")

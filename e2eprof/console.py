@@ -64,6 +64,21 @@ def _interval(ratio, low, high) -> str:
     return f"{ratio:.3f}x [{low:.3f}, {high:.3f}]"
 
 
+def _print_top_changes(console: Console, run_dir, workload: str, top: int = 5) -> None:
+    from pathlib import Path
+
+    path = Path(run_dir) / "opdiff.parquet"
+    if not path.exists():
+        return
+    diff = pd.read_parquet(path)
+    diff = diff[diff.workload == workload].head(top)
+    if not len(diff):
+        return
+    console.print("  where the time went (patched - baseline, per step):")
+    for r in diff.itertuples():
+        console.print(f"    {r.delta_us / 1e3:+8.3f} ms  {r.op} [{r.direction}] in {r.module} ({r.status})")
+
+
 def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir) -> None:
     """One table per workload, then the verdicts and where the report lives."""
     for workload, rows in summary.groupby("workload", sort=False):
@@ -82,6 +97,16 @@ def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_d
         if workload == "generate" and "ttft_median_ms" in rows:
             parts = [f"{r.arm}: TTFT {_fmt(r.ttft_median_ms)} ms, {_fmt(r.tpot_median_ms, '.3f')} ms/token" for r in rows.itertuples()]
             console.print("  " + "; ".join(parts))
+        patched = rows[rows.arm == "patched"]
+        if len(patched) and "predicted_speedup" in patched and not pd.isna(patched.iloc[0].get("predicted_speedup")):
+            r = patched.iloc[0]
+            console.print(f"  replaced op: {r.replaced_share * 100:.1f}% of the baseline step, {r.replaced_speedup:.2f}x faster in the "
+                          f"profile -> predicted {r.predicted_speedup:.3f}x (bound {r.amdahl_bound:.3f}x), measured "
+                          f"{r.speedup_vs_baseline:.3f}x: {r.cause}")
+            if "idle_share" in rows:
+                console.print("  GPU idle share: " + ", ".join(f"{a.arm} {a.idle_share:.2f}" for a in rows.itertuples()
+                                                            if not pd.isna(getattr(a, "idle_share", math.nan))))
+        _print_top_changes(console, run_dir, workload)
         verdict = verdicts.get(workload)
         if verdict is not None:
             console.print(f"  verdict: [{VERDICT_STYLE[verdict.verdict]}]{verdict.verdict}[/] ({', '.join(verdict.reasons)})"

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from e2eprof import reports, stats
+from e2eprof import explain, reports, stats, telemetry
 from e2eprof.arm_process import ArmFailed, ArmProcess
 from e2eprof.config import CompareConfig, default_out_dir
 from e2eprof.correctness import compare_captures, op_check_rows
@@ -73,17 +73,39 @@ def prepare_out_dir(config: CompareConfig) -> Path:
 class _RunState:
     """Everything measured so far, flushed to Parquet after each phase so nothing is lost."""
 
-    def __init__(self, out_dir: Path, run_row: dict):
+    def __init__(self, out_dir: Path, run_row: dict, sampler: telemetry.TelemetrySampler):
         self.out_dir = out_dir
+        self.sampler = sampler
         self.run_row = run_row
         self.steps: list[dict] = []
         self.correctness: list[dict] = []
         self.arm_failures: dict[str, ArmFailed] = {}
+        self.profiles: dict[tuple[str, str], dict] = {}  # (workload, arm) -> ProfileResult.to_dict()
+
+    def steps_frame(self) -> pd.DataFrame:
+        """Steps joined with the telemetry samples that fall inside each step (clocks, temperature, throttling)."""
+        steps = pd.DataFrame(self.steps)
+        samples = self.sampler.frame() if self.sampler.available else None
+        if samples is None or not len(samples) or not len(steps):
+            return steps
+        return telemetry.join_steps(steps, samples)
 
     def flush(self) -> None:
         run_id = self.run_row["run_id"]
-        reports.write_table(self.out_dir, "steps", [r | {"run_id": run_id} for r in self.steps])
+        self.run_row["telemetry_json"] = reports.to_json(self.sampler.info())
+        steps = self.steps_frame()
+        reports.write_table(self.out_dir, "steps", steps.assign(run_id=run_id) if len(steps) else [])
+        if self.sampler.available and len(steps):
+            samples = self.sampler.frame()
+            reports.write_table(self.out_dir, "telemetry", samples.assign(run_id=run_id))
+            reports.write_table(self.out_dir, "blocks", telemetry.block_energy(steps, samples).assign(run_id=run_id))
         reports.write_table(self.out_dir, "correctness", [r | {"run_id": run_id} for r in self.correctness])
+        if self.profiles:
+            reports.write_table(self.out_dir, "ops", pd.concat(
+                [explain.ops_frame(r, workload=w, arm=a) for (w, a), r in self.profiles.items()], ignore_index=True
+            ).assign(run_id=run_id))
+            reports.write_table(self.out_dir, "kernels", [
+                k | {"workload": w, "arm": a, "run_id": run_id} for (w, a), r in self.profiles.items() for k in r["kernels"]])
         reports.write_table(self.out_dir, "run", [self.run_row])
 
 
@@ -115,7 +137,14 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
         "batch_digest": None, "model_json": None, "started_unix_ns": time.time_ns(), "ended_unix_ns": None,
         "failure": None,
     }
-    state = _RunState(out_dir, run_row)
+    sampler = telemetry.open_sampler(config.device)  # in the parent: sampling never runs inside a timed step
+    run_row["telemetry_available"] = sampler.available
+    run_row["telemetry_unavailable_reason"] = sampler.unavailable_reason
+    if sampler.available:
+        sampler.start()
+    else:
+        events("phase", name="telemetry unavailable", detail=sampler.unavailable_reason)
+    state = _RunState(out_dir, run_row, sampler)
     state.flush()
     arms = _arms(config, attn)
     scratch = Path(tempfile.mkdtemp(prefix="e2eprof-scratch-"))
@@ -137,7 +166,12 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
         for workload in config.workloads:
             _run_workload(config, workload, processes, state, loaded.patch, scratch, events)
             state.flush()
-        summary, verdicts = summarize(state.steps, state.correctness, config, set(state.arm_failures))
+        sampler.stop()
+        balance = telemetry.arm_balance(state.steps_frame()) if sampler.available else []
+        if balance:
+            reports.write_table(out_dir, "balance", [r | {"run_id": run_id} for r in balance])
+        summary, verdicts = summarize(state.steps, state.correctness, config, set(state.arm_failures), balance)
+        _explain_into(summary, state, run_id)
         reports.write_table(out_dir, "summary", [r | {"run_id": run_id} for r in summary])
         run_row["status"] = "complete"
     except KeyboardInterrupt:
@@ -148,6 +182,7 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
         run_row["failure"] = f"{type(exc).__name__}: {exc}"
         raise
     finally:
+        sampler.stop()
         run_row["ended_unix_ns"] = time.time_ns()
         state.flush()
         for process in processes.values():
@@ -155,6 +190,31 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
         shutil.rmtree(scratch, ignore_errors=True)
     overall = worst([v.verdict for v in verdicts.values()])
     return Report(out_dir, run_id, pd.DataFrame(summary), verdicts, overall)
+
+
+def _explain_into(summary: list[dict], state: _RunState, run_id: str) -> None:
+    """Op diff and Amdahl explanation per workload from the profiles; adds prediction columns to the summary."""
+    if not state.profiles:
+        return
+    ops = pd.concat([explain.ops_frame(r, workload=w, arm=a) for (w, a), r in state.profiles.items()], ignore_index=True)
+    reports.write_table(state.out_dir, "opdiff", explain.op_diff(ops).assign(run_id=run_id))
+    rows = []
+    for row in summary:
+        profile = state.profiles.get((row["workload"], row["arm"]))
+        if profile:
+            row["profile_device_ms"] = profile["total_device_us"] / 1e3
+            row["idle_share"] = profile["idle_share"]
+            row["replaced_ms"] = profile["replaced_device_us"] / 1e3 if profile["device_type"] == "cuda" else profile["replaced_cpu_us"] / 1e3
+        base = state.profiles.get((row["workload"], "baseline"))
+        if row["arm"] != "patched" or not profile or not base:
+            continue
+        result = explain.explain(row["workload"], base, profile, row.get("speedup_vs_baseline", math.nan))
+        rows.append({"workload": row["workload"], **{k: v for k, v in result.items() if not isinstance(v, (list, dict))},
+                     "grown_ops": reports.to_json(result.get("grown_ops")), "run_id": run_id})
+        row.update(replaced_share=result["f"], replaced_speedup=result["s"], predicted_speedup=result["predicted"],
+                   amdahl_bound=result["bound"], cause=result["cause"], cause_detail=result["detail"])
+    if rows:
+        reports.write_table(state.out_dir, "explain", rows)
 
 
 def _broadcast(processes: dict[str, ArmProcess], state: _RunState, command: str, **kwargs) -> dict[str, dict]:
@@ -235,6 +295,22 @@ def _run_workload(config, workload, processes, state, patch, scratch, events) ->
 
     after = {a: _call(processes, state, a, "counters") for a in live()}
     state.correctness += kernel_ran_rows(workload, before, after)
+    state.flush()
+
+    if config.profile:
+        events("phase", name=f"{workload}: profile", detail=f"{config.profile_warmup} warm-up + {config.profile_steps} active steps per arm")
+        for arm in live():
+            trace = str(state.out_dir / f"trace-{workload}-{arm}.json.gz") if config.trace else None
+            result = _call(processes, state, arm, "profile", {"workload": workload, "warmup": config.profile_warmup,
+                                                                "active": config.profile_steps, "trace_path": trace})
+            if result is None:
+                continue
+            state.profiles[(workload, arm)] = result["result"]
+            state.correctness.append({
+                "workload": workload, "arm": arm, "tensor": "-", "metric": "profile_complete",
+                "value": float(not result["problems"]), "tolerance": 1.0, "passed": not result["problems"],
+                "detail": "; ".join(result["problems"]) or "trace complete" + (
+                    "; patch kernels present" if arm == "patched" and patch.kernel_names else "")})
 
 
 def kernel_ran_rows(workload: str, before: dict, after: dict) -> list[dict]:
@@ -264,7 +340,20 @@ def kernel_ran_rows(workload: str, before: dict, after: dict) -> list[dict]:
     return rows
 
 
-def summarize(steps: list[dict], correctness: list[dict], config: CompareConfig, failed_arms: set[str]):
+def _balance_columns(balance: list[dict] | None, workload: str, arm: str) -> dict:
+    for row in balance or []:
+        if row["workload"] == workload and row["arm"] == arm:
+            return {"sm_clock_median_mhz": row["sm_clock_median_mhz"], "gpu_temp_median_c": row["gpu_temp_median_c"],
+                    "throttled_share": row["throttled_share"], "clock_imbalance": row["clock_imbalance"],
+                    "temp_imbalance": row["temp_imbalance"]}
+    return {}
+
+
+KERNEL_PROOF_METRICS = ("patched_calls", "custom_kernel_calls", "profile_complete")
+
+
+def summarize(steps: list[dict], correctness: list[dict], config: CompareConfig, failed_arms: set[str],
+              balance: list[dict] | None = None):
     """Summary rows per (workload, arm) and a Verdict per workload, derived from the raw rows."""
     frame = pd.DataFrame(steps)
     checks = pd.DataFrame(correctness)
@@ -310,20 +399,23 @@ def summarize(steps: list[dict], correctness: list[dict], config: CompareConfig,
                 "sdpa_ci_low": patched_vs_sdpa.low if (arm == "patched" and patched_vs_sdpa) else math.nan,
                 "sdpa_ci_high": patched_vs_sdpa.high if (arm == "patched" and patched_vs_sdpa) else math.nan,
                 "correct": arm_ok(arm), "verdict": None, "reasons": None,
+                **_balance_columns(balance, workload, arm),
             })
         ci = vs_base.get("patched")
-        kernel_rows = checks[(checks.workload == workload) & (checks.metric.isin(["patched_calls", "custom_kernel_calls"]))] if len(checks) else checks
-        patched_ran = bool(len(kernel_rows)) and bool(kernel_rows[kernel_rows.arm == "patched"].passed.all()) and (kernel_rows.arm == "patched").any()
-        baseline_clean = bool(kernel_rows[kernel_rows.arm != "patched"].passed.all()) if len(kernel_rows) else False
+        mine = checks[checks.workload == workload] if len(checks) else checks
+        proof = mine[(mine.arm == "patched") & mine.metric.isin(KERNEL_PROOF_METRICS)] if len(mine) else mine
+        patched_ran = bool((proof.metric == "patched_calls").any()) and bool(proof.passed.all()) if len(proof) else False
+        stock_calls = mine[(mine.arm != "patched") & (mine.metric == "custom_kernel_calls")] if len(mine) else mine
+        baseline_clean = bool(stock_calls.passed.all()) if len(stock_calls) else True
         correctness_rows = checks[(checks.arm == "patched") & checks.workload.isin([workload, "*"])
-                                  & ~checks.metric.isin(["patched_calls", "custom_kernel_calls"])] if len(checks) else checks
+                                  & ~checks.metric.isin(KERNEL_PROOF_METRICS)] if len(checks) else checks
         verdict = decide(
             correct=bool(len(correctness_rows)) and bool(correctness_rows.passed.all()),
             kernel_ran=patched_ran, baseline_clean=baseline_clean,
             arm_failed=bool({"patched", "baseline"} & failed_arms),
             n_baseline=len(samples.get("baseline", [])), n_patched=len(samples.get("patched", [])),
             ratio=ci.ratio if ci else math.nan, ci_low=ci.low if ci else math.nan, ci_high=ci.high if ci else math.nan,
-            min_speedup=config.min_speedup)
+            min_speedup=config.min_speedup, balance=[b for b in balance or [] if b["workload"] == workload])
         verdicts[workload] = verdict
         for row in rows:
             if row["workload"] == workload and row["arm"] == "patched":

@@ -25,6 +25,9 @@ FASTER = "FASTER"
 BELOW_MARGIN = "BELOW_MARGIN"
 NO_SIGNIFICANT_DIFFERENCE = "NO_SIGNIFICANT_DIFFERENCE"
 TOO_FEW_SAMPLES = "TOO_FEW_SAMPLES"
+CLOCK_IMBALANCE = "CLOCK_IMBALANCE"
+THERMAL_IMBALANCE = "THERMAL_IMBALANCE"
+THROTTLED = "THROTTLED"
 
 MIN_SAMPLES = 6
 
@@ -41,8 +44,21 @@ class Verdict:
 
 
 def decide(*, correct: bool, kernel_ran: bool, baseline_clean: bool, arm_failed: bool, n_baseline: int,
-           n_patched: int, ratio: float, ci_low: float, ci_high: float, min_speedup: float) -> Verdict:
-    """Apply the sign-off rules for one workload (or sweep point); see the module docstring."""
+           n_patched: int, ratio: float, ci_low: float, ci_high: float, min_speedup: float,
+           balance: list[dict] | None = None) -> Verdict:
+    """Apply the sign-off rules for one workload (or sweep point); see the module docstring.
+
+    balance: telemetry.arm_balance rows. Arms that ran at different clocks or temperatures cannot PASS (the
+    difference may be the card's, not the kernel's); throttled steps are named in the reasons of any verdict.
+    """
+    imbalance, notes = [], []
+    for row in balance or []:
+        if row.get("clock_imbalance") and CLOCK_IMBALANCE not in imbalance:
+            imbalance.append(CLOCK_IMBALANCE)
+        if row.get("temp_imbalance") and THERMAL_IMBALANCE not in imbalance:
+            imbalance.append(THERMAL_IMBALANCE)
+        if row.get("throttled") and THROTTLED not in notes:
+            notes.append(THROTTLED)
     failures = []
     if arm_failed:
         failures.append(ARM_FAILED)
@@ -56,16 +72,21 @@ def decide(*, correct: bool, kernel_ran: bool, baseline_clean: bool, arm_failed:
     if enough and ci_high < 1.0:
         failures.append(SLOWER)
     if failures:
-        return Verdict(FAIL, failures)
+        return Verdict(FAIL, failures + notes)
     if not enough:
         return Verdict(INCONCLUSIVE, [TOO_FEW_SAMPLES], f"need at least {MIN_SAMPLES} timed steps per arm; raise --steps")
     if ci_low > 1.0 + min_speedup:
-        return Verdict(PASS, [FASTER])
+        if imbalance:
+            thresholds = ", ".join(f"{r['arm']}: SM clock {r.get('clock_diff_rel', float('nan')) * 100:+.1f}% "
+                                   f"(limit {r['clock_tolerance'] * 100:.0f}%), temperature {r.get('temp_diff_c', float('nan')):+.1f} C "
+                                   f"(limit {r['temp_tolerance_c']:.0f} C)" for r in balance if r.get("arm") != r.get("baseline_arm"))
+            return Verdict(INCONCLUSIVE, [FASTER, *imbalance, *notes], f"arms ran at different clocks or temperatures ({thresholds})")
+        return Verdict(PASS, [FASTER, *notes], "some steps were throttled (see steps.parquet)" if notes else "")
     if ci_low > 1.0:
-        return Verdict(INCONCLUSIVE, [BELOW_MARGIN],
+        return Verdict(INCONCLUSIVE, [BELOW_MARGIN, *notes],
                        f"faster, but the interval's lower bound {ci_low:.4f} is under the margin 1+{min_speedup:g}")
     half = (ci_high - ci_low) / 2
-    return Verdict(INCONCLUSIVE, [NO_SIGNIFICANT_DIFFERENCE],
+    return Verdict(INCONCLUSIVE, [NO_SIGNIFICANT_DIFFERENCE, *notes],
                    f"speedup {ratio:.4f} with interval [{ci_low:.4f}, {ci_high:.4f}]; "
                    f"a difference under ~{half * 100:.1f}% cannot be resolved with this many steps: raise --steps")
 

@@ -197,6 +197,39 @@ class ArmWorker:
         save_file({k: v.contiguous() for k, v in outputs.items()}, path)
         return {"path": path, "keys": sorted(outputs)}
 
+    def profile(self, workload: str, warmup: int, active: int, trace_path: str | None = None) -> dict:
+        """torch.profiler over a few real steps, after timing: per-op table, replaced-region time, completeness.
+
+        The replaced function's calls are wrapped in an `e2eprof.replaced::<patch>` range in every arm (stock
+        arms through a pass-through recorder), so its share of the step is measured the same way everywhere.
+        """
+        from e2eprof.profiling import check_complete, profile_workload
+
+        instance = self._workload(workload)
+        passthrough = None
+        if self.applied is not None:
+            self.applied.set_mark_ranges(True)
+        else:
+            passthrough = apply_patch(self.loaded.patch, None, passthrough=True)
+            passthrough.set_mark_ranges(True)
+        counter = iter(range(10**9))
+
+        def one_step():
+            instance.step(self.batches[next(counter) % len(self.batches)])
+
+        try:
+            result = profile_workload(one_step, self.model, device=self.device, warmup=warmup, active=active,
+                                      trace_path=trace_path)
+        finally:
+            if self.applied is not None:
+                self.applied.set_mark_ranges(False)
+            if passthrough is not None:
+                passthrough.revert()
+        expected = self.loaded.patch.kernel_names if (self.applied is not None and self.device.type == "cuda") else ()
+        problems = check_complete(result, device_type=self.device.type, expected_kernel_substrings=expected)
+        return {"result": result.to_dict(), "problems": problems,
+                "replaced_calls": passthrough.calls if passthrough is not None else None}
+
     def counters(self) -> dict:
         implementations = self.loaded.patch.implementations
         return {
