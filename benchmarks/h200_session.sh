@@ -20,6 +20,10 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 fi
 
+if [ "${SKIP_OVERHEAD:-0}" != 1 ]; then
+  python3 benchmarks/sampler_overhead.py 2>&1 | tee "$OUT/sampler_overhead.txt" | tail -3
+fi
+
 if [ "${SKIP_COMPARE:-0}" != 1 ]; then
   start=$(date +%s)
   RUNS=$(mktemp -d)
