@@ -48,6 +48,8 @@ def compare(
     min_speedup: Annotated[float, typer.Option(help="PASS needs the speedup interval's lower bound above 1 + this.")] = 0.01,
     out: Annotated[Optional[Path], typer.Option(help="Report directory (default reports/<UTC time>-<model>-<patch>/).")] = None,
     force: Annotated[bool, typer.Option(help="Overwrite an existing report directory.")] = False,
+    profile: Annotated[bool, typer.Option(help="Per-op profiling phase after timing.")] = True,
+    trace: Annotated[bool, typer.Option(help="Also write a gzipped Chrome trace per arm and workload (size-capped).")] = False,
 ) -> int:
     """Time baseline, patched and stock-reference arms of a model's real loops; check correctness; sign off."""
     from e2eprof.config import CompareConfig
@@ -59,7 +61,7 @@ def compare(
         model=model, patch=patch, workloads=_split(workload) or ("train", "infer", "generate"), device=device,
         batch=batch, seq=seq, steps=steps, block_steps=block_steps, precision=dtype, new_tokens=new_tokens, seed=seed,
         reference_arms=() if references == ("none",) else (references or ("sdpa",)), min_speedup=min_speedup,
-        out=out, force=force, command_line=shlex.join(["e2eprof", *sys.argv[1:]]),
+        out=out, force=force, profile=profile, trace=trace, command_line=shlex.join(["e2eprof", *sys.argv[1:]]),
     )
     events = ConsoleEvents(err_console)
     try:
