@@ -281,7 +281,7 @@ def _run_workload(config, workload, processes, state, patch, scratch, events) ->
     for arm in live():
         state.steps += _call(processes, state, arm, "warmup", {
             "workload": workload, "window": max(config.block_steps, 3), "tolerance": config.warmup_tolerance,
-            "max_steps": config.max_warmup_steps}) or []
+            "max_steps": config.max_warmup_steps, "max_seconds": config.max_warmup_seconds}) or []
 
     events("timing", workload=workload, total=config.n_blocks * len(live()))
     order = live()

@@ -142,11 +142,12 @@ class ArmWorker:
         """The first step of this workload in this process: JIT, autotune and handle creation included."""
         return [self._timed_step(workload, "cold", -1)]
 
-    def warmup(self, workload: str, window: int, tolerance: float, max_steps: int) -> list[dict]:
-        """Run until two consecutive windows' medians agree within `tolerance`, or `max_steps` is reached."""
+    def warmup(self, workload: str, window: int, tolerance: float, max_steps: int, max_seconds: float) -> list[dict]:
+        """Run until two consecutive windows' medians agree within `tolerance`, or `max_steps` / `max_seconds` run out."""
         rows: list[dict] = []
         previous = None
-        while len(rows) + window <= max(max_steps, 2 * window):
+        deadline = time.perf_counter() + max_seconds
+        while len(rows) + window <= max(max_steps, 2 * window) and (len(rows) < 2 * window or time.perf_counter() < deadline):
             window_rows = [self._timed_step(workload, "warmup", -1) for _ in range(window)]
             rows.extend(window_rows)
             median = statistics.median(r["wall_ns"] for r in window_rows)
