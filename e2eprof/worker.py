@@ -98,10 +98,13 @@ class ArmWorker:
 
     def _workload(self, name: str):
         if name not in self.workloads:
-            options = {"new_tokens": self.setup.new_tokens} if name == "generate" else {}
-            self.workloads[name] = make_workload(name, self.model, self.device, self.setup.precision, **options)
+            self.workloads[name] = make_workload(name, self.model, self.device, self.setup.precision,
+                                                 **self._options(name))
             self.step_counter[name] = 0
         return self.workloads[name]
+
+    def _options(self, workload: str) -> dict:
+        return {"new_tokens": self.setup.new_tokens} if workload == "generate" else {}
 
     def _timed_step(self, workload_name: str, phase: str, block: int) -> dict:
         workload = self._workload(workload_name)
@@ -161,8 +164,6 @@ class ArmWorker:
 
     def capture(self, workload: str, path: str, verify: bool) -> dict:
         """Correctness outputs on pristine weights, saved as safetensors; op-level checks when verifying."""
-        from safetensors.torch import save_file
-
         self.model.load_state_dict(self.pristine)
         instance = self._workload(workload)
         if self.applied is not None:
@@ -172,7 +173,7 @@ class ArmWorker:
         finally:
             if self.applied is not None:
                 self.applied.set_verify(False)
-        save_file({k: v.contiguous() for k, v in outputs.items()}, path)
+        _save_outputs(outputs, path)
         checks = []
         if self.applied is not None and verify:
             checks = [vars(c) | {"problems": list(c.problems)} for c in self.applied.checks()]
@@ -182,20 +183,17 @@ class ArmWorker:
 
     def reference(self, workload: str, path: str) -> dict:
         """fp64 outputs of this arm's (stock) model on the same batch: the trusted reference."""
-        from safetensors.torch import save_file
-
         if self.applied is not None:
             raise RuntimeError("the fp64 reference must come from an unpatched arm")
         model64 = copy.deepcopy(self.model)
         model64.load_state_dict(self.pristine)
         model64 = model64.double()
-        options = {"new_tokens": self.setup.new_tokens} if workload == "generate" else {}
-        instance = make_workload(workload, model64, self.device, "fp64", **options)
+        instance = make_workload(workload, model64, self.device, "fp64", **self._options(workload))
         outputs = instance.capture(self.batches[0])
         del instance, model64
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        save_file({k: v.contiguous() for k, v in outputs.items()}, path)
+        _save_outputs(outputs, path)
         return {"path": path, "keys": sorted(outputs)}
 
     def profile(self, workload: str, warmup: int, active: int, trace_path: str | None = None) -> dict:
@@ -271,6 +269,12 @@ def worker_main(conn, setup: WorkerSetup) -> None:
         except BaseException as exc:  # report, don't die: the parent decides what a failure means
             conn.send(("error", {"type": type(exc).__name__, "message": str(exc).splitlines()[0] if str(exc) else "",
                                  "traceback": traceback.format_exc(limit=20)}))
+
+
+def _save_outputs(outputs: dict, path: str) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in outputs.items()}, path)
 
 
 def scratch_path(scratch_dir: str, arm: str, workload: str, kind: str) -> str:
