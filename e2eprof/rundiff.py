@@ -1,0 +1,503 @@
+"""`diff`: compare two report directories of the same comparison, e.g. before and after a driver or kernel change.
+
+The two runs are independent samples (different processes, often different days or cards), so nothing is paired
+across them: every interval here resamples run A and run B independently. Statistics come from e2eprof.stats.
+
+Per (workload, arm) present in both runs: median A, median B, the time ratio B/A (above 1: B is slower) with a
+bootstrap interval, a Mann-Whitney p-value Holm-adjusted over all those rows, and a status. Per workload: the
+kernel's speedup (baseline / patched median) in A and in B, and the interval of their difference.
+
+A change counts only when it is significant (Holm-adjusted p <= 1 - confidence and the interval excludes "no
+change") and its whole interval lies beyond the margin ``min_change``, the same rule `compare` uses for PASS; a
+significant change whose interval reaches inside the margin is BELOW_MARGIN. Exit code 1 when anything got worse
+that way, else 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from e2eprof import reports, stats
+from e2eprof.errors import UsageError
+from e2eprof.verdict import MIN_SAMPLES
+
+METRICS = {"wall": "host wall time per step", "device": "CUDA-event device time per step"}
+
+# Row statuses (stable strings: CI pipelines may match on them).
+SLOWER, FASTER = "SLOWER", "FASTER"
+SPEEDUP_DROPPED, SPEEDUP_GREW = "SPEEDUP_DROPPED", "SPEEDUP_GREW"
+NO_SIGNIFICANT_DIFFERENCE, BELOW_MARGIN = "NO_SIGNIFICANT_DIFFERENCE", "BELOW_MARGIN"
+TOO_FEW_SAMPLES, ONLY_IN_A, ONLY_IN_B = "TOO_FEW_SAMPLES", "ONLY_IN_A", "ONLY_IN_B"
+REGRESSIONS = (SLOWER, SPEEDUP_DROPPED)
+
+# Environment entries worth naming when they differ, with the label shown to the user.
+ENVIRONMENT_FIELDS = (
+    ("torch", "torch"), ("torch_cuda", "CUDA (torch build)"), ("transformers", "transformers"), ("triton", "triton"),
+    ("driver", "driver"), ("gpu_name", "GPU"), ("gpu_uuid", "GPU UUID (another physical card)"),
+    ("gpu_capability", "GPU capability"), ("cpu_model", "CPU"), ("cpu_count", "CPU count"),
+    ("torch_threads", "torch threads"), ("python", "python"), ("numpy", "numpy"), ("platform", "platform"),
+)
+# Settings that change sample sizes or inputs but not what is compared: named as changes, never refused.
+SETTING_FIELDS = ("steps", "block_steps", "seed", "reference_arms", "warmup_tolerance", "max_warmup_steps",
+                  "max_warmup_seconds", "target_half_width", "budget_seconds", "max_blocks", "confidence", "min_speedup")
+# Same tolerance as the arm-balance check inside one run (telemetry.arm_balance): below it clocks count as equal.
+CLOCK_TOLERANCE = 0.02
+
+
+@dataclass(frozen=True)
+class DiffConfig:
+    """What `diff` compares and how; validated on construction, errors name the option."""
+
+    run_a: Path
+    run_b: Path
+    out: Path | None = None  # default: RUN_B/diff-vs-<RUN_A name>/
+    min_change: float = 0.01  # relative time for arm rows; speedup points (1.05x -> 1.04x is 0.01) for speedup rows
+    metric: str = "wall"
+    allow_different: bool = False
+    confidence: float = 0.95
+    n_boot: int = 2000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise UsageError(f"--metric: unknown metric '{self.metric}'; known: {', '.join(METRICS)}")
+        if not 0 <= self.min_change < 1:
+            raise UsageError(f"--min-change: must be a fraction in [0, 1) such as 0.01, got {self.min_change}")
+        if not 0.5 < self.confidence < 1:
+            raise UsageError(f"confidence: must be between 0.5 and 1, got {self.confidence}")
+
+    @property
+    def alpha(self) -> float:
+        return 1.0 - self.confidence
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out) if self.out else Path(self.run_b) / f"diff-vs-{Path(self.run_a).resolve().name}"
+
+
+@dataclass
+class RunRecord:
+    """One report directory as `diff` needs it: the run row, its config and environment, the warm steps."""
+
+    label: str  # "A" or "B"
+    path: Path
+    run: dict
+    config: dict
+    environment: dict
+    model: dict
+    warm: pd.DataFrame  # steps with phase == "warm": the timed samples, never cold or warm-up steps
+    summary: pd.DataFrame | None
+
+    @property
+    def workloads(self) -> list[str]:
+        return list(dict.fromkeys(self.warm.workload))
+
+    def samples(self, workload: str, arm: str, metric: str) -> np.ndarray:
+        """Timed samples of one arm in ms; device time leaves out steps without a CUDA-event reading."""
+        rows = self.warm[(self.warm.workload == workload) & (self.warm.arm == arm)]
+        values = rows.wall_ns.to_numpy(dtype=float) / 1e6 if metric == "wall" else rows.device_ms.to_numpy(dtype=float)
+        return values[np.isfinite(values)]
+
+    def blocks(self, workload: str, arm: str, metric: str) -> np.ndarray:
+        """Block index of each sample returned by `samples`, in the same order."""
+        rows = self.warm[(self.warm.workload == workload) & (self.warm.arm == arm)]
+        values = rows.wall_ns.to_numpy(dtype=float) if metric == "wall" else rows.device_ms.to_numpy(dtype=float)
+        return rows.block.to_numpy()[np.isfinite(values)]
+
+
+def load_run(path: Path, label: str) -> RunRecord:
+    """Read a `compare` report directory; UsageError when it is not one."""
+    path = Path(path)
+    name = f"RUN_{label}"
+    if not path.is_dir():
+        raise UsageError(f"{name}: {path} is not a directory")
+    for table in ("run", "steps"):
+        if not (path / f"{table}.parquet").is_file():
+            raise UsageError(f"{name}: {path} is not an e2eprof report directory (no {table}.parquet)")
+    try:
+        run = reports.read_table(path, "run").iloc[0].to_dict()
+        steps = reports.read_table(path, "steps")
+        summary = reports.read_table(path, "summary") if (path / "summary.parquet").is_file() else None
+        config = json.loads(run["config_json"])
+        environment = json.loads(run["environment_json"])
+        model = json.loads(run["model_json"]) if isinstance(run.get("model_json"), str) else {}
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        raise UsageError(f"{name}: cannot read the report in {path}: {exc}") from None
+    warm = steps[steps.phase == "warm"] if len(steps) else steps
+    return RunRecord(label, path, run, config, environment, model or {}, warm, summary)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# is it the same comparison, and what changed
+
+
+def _spec_name(spec) -> str:
+    """A model or patch spec without its folder: the same patch file copied elsewhere is the same patch."""
+    return str(spec).rstrip("/").rsplit("/", 1)[-1]
+
+
+def comparison_identity(run: RunRecord, with_generate: bool) -> dict:
+    """The fields that must match for two runs to measure the same thing."""
+    c = run.config
+    identity = {
+        "model": _spec_name(c.get("model")), "patch": _spec_name(c.get("patch")), "batch": c.get("batch"),
+        "seq": c.get("seq"), "dtype": c.get("precision"), "device": str(c.get("device", "")).split(":")[0],
+        "A/A run": bool(c.get("aa", False)),  # a baseline timed against itself is not the patched comparison
+    }
+    # A local model folder is named by path only; its shape tells whether the two names hold the same model.
+    for key in ("architecture", "n_layer", "n_params", "vocab_size"):
+        identity[f"model {key}"] = run.model.get(key)
+    if with_generate:  # new_tokens only shapes the generate workload
+        identity["new_tokens"] = c.get("new_tokens")
+    return identity
+
+
+def identity_differences(a: RunRecord, b: RunRecord) -> list[str]:
+    """'field: A vs B' for each identity field that differs (a field missing from one run's records is skipped)."""
+    with_generate = "generate" in a.workloads and "generate" in b.workloads
+    ia, ib = comparison_identity(a, with_generate), comparison_identity(b, with_generate)
+    return [f"{k}: {ia[k]} vs {ib[k]}" for k in ia if ia[k] is not None and ib[k] is not None and ia[k] != ib[k]]
+
+
+def _short(value) -> str:
+    return "unset" if value is None else str(value)
+
+
+def _median_column(run: RunRecord, column: str) -> float:
+    if column not in run.warm or not run.warm[column].notna().any():
+        return math.nan
+    return float(run.warm[column].median())
+
+
+def environment_changes(a: RunRecord, b: RunRecord) -> list[str]:
+    """Short lines naming what differs between the runs besides the kernel itself: versions, card, clocks, inputs."""
+    changes = []
+    for key, label in ENVIRONMENT_FIELDS:
+        va, vb = a.environment.get(key), b.environment.get(key)
+        if va != vb:
+            changes.append(f"{label}: {_short(va)} -> {_short(vb)}")
+    vars_a, vars_b = a.environment.get("env_vars") or {}, b.environment.get("env_vars") or {}
+    for name in sorted(set(vars_a) | set(vars_b)):
+        if vars_a.get(name) != vars_b.get(name):
+            changes.append(f"env {name}: {_short(vars_a.get(name))} -> {_short(vars_b.get(name))}")
+    sha_a, sha_b = a.run.get("patch_source_sha256"), b.run.get("patch_source_sha256")
+    if sha_a != sha_b:
+        changes.append(f"patch source sha256: {_short(sha_a)[:12]} -> {_short(sha_b)[:12]}")
+    if a.run.get("batch_digest") != b.run.get("batch_digest"):
+        changes.append(f"input batch digest: {_short(a.run.get('batch_digest'))[:12]} -> {_short(b.run.get('batch_digest'))[:12]}")
+    for key in SETTING_FIELDS:
+        if a.config.get(key) != b.config.get(key):
+            changes.append(f"{key.replace('_', '-')}: {_short(a.config.get(key))} -> {_short(b.config.get(key))}")
+    clock_a, clock_b = _median_column(a, "sm_clock_median_mhz"), _median_column(b, "sm_clock_median_mhz")
+    if math.isnan(clock_a) != math.isnan(clock_b):
+        changes.append(f"SM clock telemetry: {'none' if math.isnan(clock_a) else f'{clock_a:.0f} MHz'} -> "
+                       f"{'none' if math.isnan(clock_b) else f'{clock_b:.0f} MHz'}")
+    elif not math.isnan(clock_a) and abs(clock_b / clock_a - 1) > CLOCK_TOLERANCE:
+        changes.append(f"SM clock (median of warm steps): {clock_a:.0f} -> {clock_b:.0f} MHz ({(clock_b / clock_a - 1) * 100:+.1f}%)")
+    return changes
+
+
+def _verdict_text(run: RunRecord, workload: str) -> str | None:
+    if run.summary is None or "verdict" not in run.summary:
+        return None
+    rows = run.summary[(run.summary.workload == workload) & (run.summary.arm == "patched")]
+    if not len(rows) or not isinstance(rows.iloc[0].verdict, str):
+        return None
+    reasons = rows.iloc[0].get("reasons")
+    return f"{rows.iloc[0].verdict} ({reasons})" if isinstance(reasons, str) and reasons else rows.iloc[0].verdict
+
+
+def run_flags(a: RunRecord, b: RunRecord, metric: str) -> list[str]:
+    """Things a reader should know that do not stop the diff: partial runs, verdicts that changed, throttling."""
+    flags = []
+    for run in (a, b):
+        if run.run.get("status") != "complete":
+            flags.append(f"RUN_NOT_COMPLETE: run {run.label} has status '{run.run.get('status')}'")
+        if "throttled" in run.warm and run.warm.throttled.fillna(False).astype(bool).any():
+            share = run.warm.throttled.fillna(False).astype(bool).mean()
+            flags.append(f"THROTTLED: {share * 100:.0f}% of run {run.label}'s timed steps were throttled")
+        if metric == "device" and not run.warm.device_ms.notna().any():
+            flags.append(f"NO_DEVICE_TIME: run {run.label} recorded no device times (CPU run?); its rows are empty")
+    for workload in dict.fromkeys(a.workloads + b.workloads):
+        if workload not in b.workloads:
+            flags.append(f"{ONLY_IN_A}: workload '{workload}' was run only in A")
+        elif workload not in a.workloads:
+            flags.append(f"{ONLY_IN_B}: workload '{workload}' was run only in B")
+        else:
+            va, vb = _verdict_text(a, workload), _verdict_text(b, workload)
+            if va and vb and va != vb:
+                flags.append(f"VERDICT_CHANGED: {workload}: {va} in A, {vb} in B")
+    return flags
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# statistics
+
+
+def _significant(low: float, high: float, p_adjusted: float, alpha: float, no_change: float) -> bool:
+    """Both tests agree: the adjusted p-value is small and the interval leaves out "no change"."""
+    return p_adjusted <= alpha and (low > no_change or high < no_change)
+
+
+def arm_status(low: float, high: float, p_adjusted: float, alpha: float, min_change: float) -> str:
+    """Status of a time ratio B/A. Its direction comes from the interval, which lies wholly on one side of 1."""
+    if not _significant(low, high, p_adjusted, alpha, 1.0):
+        return NO_SIGNIFICANT_DIFFERENCE
+    if low > 1.0:
+        return SLOWER if low > 1.0 + min_change else BELOW_MARGIN
+    # Faster beyond the margin mirrors slower beyond it: A/B above 1 + m, i.e. B/A below 1 / (1 + m).
+    return FASTER if high < 1.0 / (1.0 + min_change) else BELOW_MARGIN
+
+
+def speedup_status(low: float, high: float, p_adjusted: float, alpha: float, min_change: float) -> str:
+    """Status of a speedup difference B - A (in speedup points: 1.05x -> 1.04x is -0.01)."""
+    if not _significant(low, high, p_adjusted, alpha, 0.0):
+        return NO_SIGNIFICANT_DIFFERENCE
+    if high < 0.0:
+        return SPEEDUP_DROPPED if high < -min_change else BELOW_MARGIN
+    return SPEEDUP_GREW if low > min_change else BELOW_MARGIN
+
+
+def arm_rows(a: RunRecord, b: RunRecord, config: DiffConfig) -> list[dict]:
+    """One row per (workload, arm) in either run; both-run rows carry B/A, its interval and Holm-adjusted p."""
+    rows = []
+    for workload in dict.fromkeys(a.workloads + b.workloads):
+        arms_a = list(dict.fromkeys(a.warm[a.warm.workload == workload].arm))
+        arms_b = list(dict.fromkeys(b.warm[b.warm.workload == workload].arm))
+        for arm in dict.fromkeys(arms_a + arms_b):
+            xa, xb = a.samples(workload, arm, config.metric), b.samples(workload, arm, config.metric)
+            row = {"kind": "arm", "workload": workload, "arm": arm, "n_a": len(xa), "n_b": len(xb),
+                   "median_a_ms": float(np.median(xa)) if len(xa) else math.nan,
+                   "median_b_ms": float(np.median(xb)) if len(xb) else math.nan,
+                   "ratio": math.nan, "ci_low": math.nan, "ci_high": math.nan, "mde": math.nan, "p": math.nan}
+            if arm not in arms_b or arm not in arms_a:
+                row["status"] = ONLY_IN_A if arm not in arms_b else ONLY_IN_B
+            elif min(len(xa), len(xb)) < 2:
+                row["status"] = TOO_FEW_SAMPLES  # a bootstrap of one sample would be a false certainty
+            else:
+                # ratio_of_medians_ci divides median(baseline) by median(candidate): B first gives B/A, a time ratio.
+                ci = stats.ratio_of_medians_ci(xb, xa, confidence=config.confidence, n_boot=config.n_boot, seed=config.seed)
+                row.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high, mde=stats.minimum_detectable_effect(ci),
+                           p=stats.mann_whitney(xb, xa).p_two_sided, status=None)
+            rows.append(row)
+    _holm_into(rows)
+    for row in rows:
+        if row["status"] is None:
+            row["status"] = arm_status(row["ci_low"], row["ci_high"], row["p_adjusted"], config.alpha, config.min_change)
+    return rows
+
+
+def _holm_into(rows: list[dict]) -> None:
+    """Holm-adjust the rows' p-values as one family; rows without a test get NaN."""
+    tested = [r for r in rows if not math.isnan(r["p"])]
+    for row, adjusted in zip(tested, stats.holm([r["p"] for r in tested])):
+        row["p_adjusted"] = adjusted
+    for row in rows:
+        row.setdefault("p_adjusted", math.nan)
+
+
+def speedup_rows(a: RunRecord, b: RunRecord, config: DiffConfig) -> list[dict]:
+    """Per workload in both runs: the kernel's speedup (baseline / patched median) in A and in B, and B - A."""
+    rows = []
+    for workload in [w for w in a.workloads if w in b.workloads]:
+        per_run, replicates = {}, {}
+        # One generator per workload (seeded by its name) so a workload's numbers do not depend on the others.
+        rng = np.random.default_rng([config.seed, zlib.crc32(workload.encode())])
+        for run in (a, b):
+            base, patched = (run.samples(workload, arm, config.metric) for arm in ("baseline", "patched"))
+            if min(len(base), len(patched)) < 2:
+                break
+            # Within a run, the same interval `compare` reports (block-paired when there are enough blocks).
+            per_run[run.label] = stats.ratio_of_medians_ci(
+                base, patched, baseline_blocks=run.blocks(workload, "baseline", config.metric),
+                candidate_blocks=run.blocks(workload, "patched", config.metric), confidence=config.confidence,
+                n_boot=config.n_boot, seed=config.seed)
+            # Across runs nothing pairs, so each run's arms are resampled independently (stats' own resampler).
+            replicates[run.label] = stats._independent_bootstrap(base, patched, config.n_boot, rng)
+        if len(per_run) < 2:
+            continue  # an arm is missing or nearly empty: its arm row already says so
+        diff = replicates["B"] - replicates["A"]
+        low, high = np.quantile(diff, [config.alpha / 2, 1 - config.alpha / 2])
+        # Two-sided bootstrap p: the share of replicates on the far side of 0, with +1 so it is never exactly 0.
+        p = min(1.0, 2 * (min(np.sum(diff <= 0), np.sum(diff >= 0)) + 1) / (config.n_boot + 1))
+        sa, sb = per_run["A"], per_run["B"]
+        rows.append({"kind": "speedup", "workload": workload, "arm": "patched",
+                     "speedup_a": sa.ratio, "speedup_a_low": sa.low, "speedup_a_high": sa.high,
+                     "speedup_b": sb.ratio, "speedup_b_low": sb.low, "speedup_b_high": sb.high,
+                     "diff": sb.ratio - sa.ratio, "diff_low": float(low), "diff_high": float(high), "p": p})
+    _holm_into(rows)
+    for row in rows:
+        row["status"] = speedup_status(row["diff_low"], row["diff_high"], row["p_adjusted"], config.alpha, config.min_change)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the result, its files and its table
+
+
+@dataclass
+class RunDiff:
+    """What `diff_runs` returns: both runs, what changed between them, flags, the rows, where they were written."""
+
+    config: DiffConfig
+    run_a: RunRecord
+    run_b: RunRecord
+    changes: list[str]
+    flags: list[str]
+    rows: pd.DataFrame
+    out_dir: Path | None = None
+    different_comparison: list[str] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> pd.DataFrame:
+        return self.rows[self.rows.status.isin(REGRESSIONS)]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if len(self.regressions) else 0
+
+
+def diff_runs(config: DiffConfig, write: bool = True) -> RunDiff:
+    """Compare RUN_B against RUN_A (see module docstring) and write diff.parquet and diff.md unless write=False."""
+    a, b = load_run(config.run_a, "A"), load_run(config.run_b, "B")
+    different = identity_differences(a, b)
+    if different and not config.allow_different:
+        raise UsageError(f"RUN_A and RUN_B are not the same comparison ({'; '.join(different)}); "
+                         "use --allow-different to diff them anyway")
+    if config.metric == "device" and not (a.warm.device_ms.notna().any() and b.warm.device_ms.notna().any()):
+        raise UsageError("--metric device: a run has no device times (CPU runs record none); use --metric wall")
+    flags = [f"DIFFERENT_COMPARISON: {d}" for d in different] + run_flags(a, b, config.metric)
+    arms = arm_rows(a, b, config)
+    few = [f"{r['workload']}/{r['arm']}" for r in arms if 0 < min(r["n_a"], r["n_b"]) < MIN_SAMPLES]
+    if few:  # same threshold as compare's TOO_FEW_SAMPLES: intervals from so few medians are lumpy
+        flags.append(f"FEW_SAMPLES: under {MIN_SAMPLES} timed steps in a run for {', '.join(few)}; intervals are rough")
+    rows = pd.DataFrame(arms + speedup_rows(a, b, config))
+    result = RunDiff(config, a, b, environment_changes(a, b), flags, rows, different_comparison=different)
+    if write:
+        write_diff(result)
+    return result
+
+
+def write_diff(result: RunDiff) -> Path:
+    """diff.parquet (one row per workload/arm, then speedup rows; run-level facts as constant columns) and diff.md."""
+    out = result.config.out_dir
+    c = result.config
+    frame = result.rows.assign(
+        run_a=str(result.run_a.path), run_b=str(result.run_b.path), run_a_id=result.run_a.run.get("run_id"),
+        run_b_id=result.run_b.run.get("run_id"), metric=c.metric, min_change=c.min_change, confidence=c.confidence,
+        changes_json=reports.to_json(result.changes), flags_json=reports.to_json(result.flags))
+    reports.write_table(out, "diff", frame)
+    _write_text_atomic(out / "diff.md", to_markdown(result))
+    result.out_dir = out
+    return out
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    """Same pattern as reports.write_table: a temporary name in the same folder, then a rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _num(value, spec: str = ".2f") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def _interval(value, low, high, spec: str = ".3f", suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:{spec}}{suffix} [{low:{spec}}, {high:{spec}}]"
+
+
+def _cells(result: RunDiff) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
+    """Header and cells of the two tables, shared by the terminal and the markdown file."""
+    arm_header = ["workload", "arm", "n A/B", "median A ms", "median B ms", "B/A [CI]", "p (Holm)", "status"]
+    arm_cells = [[r.workload, r.arm, f"{r.n_a:.0f}/{r.n_b:.0f}", _num(r.median_a_ms), _num(r.median_b_ms),
+                  _interval(r.ratio, r.ci_low, r.ci_high), _num(r.p_adjusted, ".3g"), r.status]
+                 for r in result.rows[result.rows.kind == "arm"].itertuples()]
+    speed_header = ["workload", "speedup A [CI]", "speedup B [CI]", "B - A [CI]", "p (Holm)", "status"]
+    speed_cells = [[r.workload, _interval(r.speedup_a, r.speedup_a_low, r.speedup_a_high, suffix="x"),
+                    _interval(r.speedup_b, r.speedup_b_low, r.speedup_b_high, suffix="x"),
+                    _interval(r.diff, r.diff_low, r.diff_high, spec="+.3f"), _num(r.p_adjusted, ".3g"), r.status]
+                   for r in result.rows[result.rows.kind == "speedup"].itertuples()]
+    return arm_header, arm_cells, speed_header, speed_cells
+
+
+def outcome(result: RunDiff) -> str:
+    """One line: what got worse (exit 1) or that nothing did (exit 0)."""
+    worse = [f"{r.workload}/{r.arm} {r.status}" for r in result.regressions.itertuples()]
+    if worse:
+        return f"REGRESSION: {', '.join(worse)} (beyond --min-change {result.config.min_change:g}; exit 1)"
+    return f"no significant regression beyond --min-change {result.config.min_change:g} (exit 0)"
+
+
+def _method_line(result: RunDiff) -> str:
+    c = result.config
+    n_tests = int(result.rows.p_adjusted.notna().sum()) if len(result.rows) else 0
+    return (f"metric: {METRICS[c.metric]} (ms). B/A above 1: B slower. {c.confidence:.0%} bootstrap intervals, the two "
+            f"runs resampled independently; Mann-Whitney (arms) and bootstrap (speedups) p-values Holm-adjusted per "
+            f"table ({n_tests} tests); speedup = baseline / patched median, the interval within a run as `compare` "
+            f"computes it.")
+
+
+def to_markdown(result: RunDiff) -> str:
+    """diff.md: the same content as the terminal output, for a pull request or a CI artifact."""
+    a, b = result.run_a, result.run_b
+    arm_header, arm_cells, speed_header, speed_cells = _cells(result)
+
+    def table(header, cells):
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        return lines + ["| " + " | ".join(map(str, row)) + " |" for row in cells]
+
+    lines = [f"# e2eprof diff: {b.path.name} (B) vs {a.path.name} (A)", "",
+             f"- A: `{a.path}` (run {a.run.get('run_id')})", f"- B: `{b.path}` (run {b.run.get('run_id')})", "",
+             _method_line(result), "", "## What changed", ""]
+    lines += [f"- {c}" for c in result.changes] or ["- nothing recorded differs"]
+    lines += ["", "## Flags", ""] + ([f"- {f}" for f in result.flags] or ["- none"])
+    lines += ["", "## Per workload and arm", ""] + table(arm_header, arm_cells)
+    lines += ["", "## Kernel speedup (patched vs baseline)", ""]
+    lines += table(speed_header, speed_cells) if speed_cells else ["no workload with both arms in both runs"]
+    lines += ["", f"**{outcome(result)}**", ""]
+    return "\n".join(lines)
+
+
+def print_diff(console: Console, result: RunDiff) -> None:
+    """The terminal view: changes, flags, the two tables, the outcome line and where the files are."""
+    arm_header, arm_cells, speed_header, speed_cells = _cells(result)
+    console.print(f"e2eprof diff: B = {result.run_b.path} vs A = {result.run_a.path}")
+    console.print("what changed:" + ("" if result.changes else " nothing recorded differs"))
+    for change in result.changes:
+        console.print(f"  - {change}", markup=False, highlight=False)
+    for flag in result.flags:
+        console.print(f"  [yellow]flag[/yellow] {escape(flag)}")
+    style = {SLOWER: "bold red", SPEEDUP_DROPPED: "bold red", FASTER: "green", SPEEDUP_GREW: "green"}
+    for title, header, cells in (("per workload and arm", arm_header, arm_cells),
+                                 ("kernel speedup (patched vs baseline)", speed_header, speed_cells)):
+        if not cells:
+            continue
+        table = Table(title=title, title_justify="left")
+        for column in header:
+            table.add_column(column, justify="left" if column in ("workload", "arm", "status") else "right")
+        for row in cells:
+            table.add_row(*row[:-1], f"[{style[row[-1]]}]{row[-1]}[/]" if row[-1] in style else row[-1])
+        console.print(table)
+    console.print(_method_line(result), style="dim")
+    console.print(outcome(result), style="bold red" if result.exit_code else "bold green")
+    if result.out_dir is not None:
+        console.print(f"diff: {result.out_dir}")
