@@ -1,0 +1,93 @@
+"""The report's text parts as markdown, short enough to paste into a pull request or a reports/*/summary.md."""
+
+from __future__ import annotations
+
+from e2eprof.render import tables as t
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _table(table: t.Table) -> str:
+    align = ["---:" if i in table.numeric else "---" for i in range(len(table.columns))]
+    lines = ["| " + " | ".join(_cell(c) for c in table.columns) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in table.rows]
+    return "\n".join(lines)
+
+
+def _verdict(run: t.RunTables) -> list[str]:
+    out = ["## Verdict", ""]
+    status = str(run.run.get("status") or "")
+    if status != "complete":
+        failure = run.run.get("failure")
+        out += [f"> This run is marked **{status}**" + ("" if t.missing(failure) else f": {_cell(failure)}")
+                + "; its tables may be partial.", ""]
+    verdicts = t.workload_verdicts(run)
+    if not verdicts:
+        return out + [f"Verdicts: {t.NOT_RECORDED}.", ""]
+    worst, code = t.overall_verdict(run, verdicts)
+    out += [f"**Run verdict: {worst}** (exit code {code}; worst over {len(verdicts)} workload(s))", ""]
+    ci = t.confidence_label(run)
+    rows = [[w.workload, f"**{w.verdict}**", ", ".join(w.reasons), w.speedup, w.advice] for w in verdicts]
+    show_advice = any(w.advice for w in verdicts)
+    columns = ["workload", "verdict", "reasons", f"patched vs baseline [{ci}]", *(["advice"] if show_advice else [])]
+    out += [_table(t.Table(columns, [r if show_advice else r[:-1] for r in rows], numeric={3})), ""]
+    seen = list(dict.fromkeys(r for w in verdicts for r in w.reasons))
+    out += [f"- `{r}`: {t.REASON_MEANING[r]}" for r in seen if r in t.REASON_MEANING]
+    return out + [""]
+
+
+def _speedups(run: t.RunTables) -> list[str]:
+    out = ["## Speedup (host wall time per warm step)", ""]
+    summary = run.get("summary")
+    if summary is None:
+        return out + [f"Summary: {t.NOT_RECORDED}.", ""]
+    for workload in t.workloads(run):
+        if (summary["workload"] == workload).any():
+            out += [f"**{workload}**", "", _table(t.speedup_table(run, workload)), ""]
+    return out
+
+
+def _amdahl(run: t.RunTables) -> list[str]:
+    out = ["## Predicted (Amdahl) vs measured", ""]
+    table = t.amdahl_table(run)
+    if table is None:
+        return out + [f"Explanation: {t.NOT_RECORDED}.", ""]
+    out += [_table(table), ""]
+    out += [f"- {workload}: {_cell(detail)}" for workload, detail in t.amdahl_details(run)]
+    return out + [""]
+
+
+def _correctness(run: t.RunTables) -> list[str]:
+    out = ["## Correctness", ""]
+    failures, n_failed = t.correctness_failures(run, limit=20)
+    if failures is None:
+        return out + [f"Correctness checks: {t.NOT_RECORDED}.", ""]
+    if n_failed:
+        out += [f"Failed checks ({n_failed}):", "", _table(failures), ""]
+        if len(failures.rows) < n_failed:
+            out += [f"({n_failed - len(failures.rows)} more in correctness.parquet)", ""]
+    else:
+        out += ["No failed checks.", ""]
+    return out + ["Checks passed per workload and arm:", "", _table(t.correctness_counts(run)), ""]
+
+
+def _environment(run: t.RunTables) -> list[str]:
+    out = ["## Environment", ""]
+    out += [f"- {key}: `{_cell(value)}`" for key, value in t.run_facts(run)]
+    for heading, mapping in (("machine and versions", run.environment()), ("configuration", run.config())):
+        items = t.flatten(mapping)
+        text = "; ".join(f"{k}={_cell(val)}" for k, val in items) if items else t.NOT_RECORDED
+        out.append(f"- {heading}: `{text}`" if items else f"- {heading}: {text}")
+    return out + [""]
+
+
+def render_markdown(run: t.RunTables, html_name: str = "report.html") -> str:
+    """Verdicts, speedups, predicted vs measured, correctness and environment as one markdown document."""
+    lines = [f"# e2eprof report: {t.title(run)}", "",
+             f"Run `{run.run.get('run_id')}`, {run.run.get('status')}, started {t.fmt_time(run.run.get('started_unix_ns'))}, "
+             f"{t.device_line(run)}. Figures: `{html_name}`.", ""]
+    for part in (_verdict, _speedups, _amdahl, _correctness, _environment):
+        lines += part(run)
+    return "\n".join(lines).rstrip() + "\n"

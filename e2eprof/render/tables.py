@@ -1,0 +1,373 @@
+"""What a report says, read from a run directory's Parquet tables and turned into tables of formatted strings.
+
+The HTML page and the markdown summary both render these, so a number can never read differently in the two.
+Only pandas is needed: rendering a report must not import torch or re-run anything.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from e2eprof import verdict as v
+from e2eprof.errors import UsageError
+
+# Tables a report can use besides run.parquet; any of them may be missing (an early failure, a CPU run, --no-profile).
+OPTIONAL_TABLES = ("summary", "steps", "correctness", "telemetry", "explain", "opdiff", "balance")
+NOT_RECORDED = "not recorded in this run"
+
+# One line per reason code, for readers who do not know the codes by heart (meanings as in README "Verdicts").
+REASON_MEANING = {
+    v.FASTER: "the speedup interval's lower bound is above 1 + the margin",
+    v.SLOWER: "the whole speedup interval is below 1",
+    v.INCORRECT: "the patched arm failed a correctness check against fp64",
+    v.KERNEL_NOT_RUN: "no proof the custom kernel ran in the patched arm (call counters or profile trace)",
+    v.BASELINE_CONTAMINATED: "a stock arm ran the custom kernel",
+    v.ARM_FAILED: "the baseline or patched arm crashed",
+    v.BELOW_MARGIN: "faster, but the interval's lower bound is under 1 + the margin",
+    v.NO_SIGNIFICANT_DIFFERENCE: "the interval contains 1: more steps would be needed to resolve a difference",
+    v.TOO_FEW_SAMPLES: "too few timed steps per arm for a verdict",
+    v.CLOCK_IMBALANCE: "arms ran at SM clocks more than 2% apart",
+    v.THERMAL_IMBALANCE: "arms ran at GPU temperatures more than 5 C apart",
+    v.THROTTLED: "some steps were throttled",
+}
+
+
+@dataclass
+class Table:
+    """Formatted cells; `numeric` marks right-aligned columns, `row_classes` lets HTML colour a row (e.g. 'fail')."""
+
+    columns: list[str]
+    rows: list[list[str]]
+    numeric: set[int] = field(default_factory=set)
+    row_classes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunTables:
+    """run.parquet's single row and every optional table that exists (None when the file is absent)."""
+
+    run_dir: Path
+    run: pd.Series
+    tables: dict[str, pd.DataFrame | None]
+
+    def get(self, name: str) -> pd.DataFrame | None:
+        frame = self.tables.get(name)
+        return frame if frame is not None and len(frame) else None
+
+    def config(self) -> dict:
+        return _json(self.run.get("config_json"))
+
+    def environment(self) -> dict:
+        return _json(self.run.get("environment_json"))
+
+
+def load_run(run_dir: Path) -> RunTables:
+    """Read a report directory; UsageError when it is not one (no directory, no run.parquet, unreadable table)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir} is not a directory (expected a report directory written by `e2eprof compare`)")
+    if not (run_dir / "run.parquet").is_file():
+        raise UsageError(f"{run_dir} has no run.parquet: not a report directory written by `e2eprof compare`")
+    run = _read(run_dir / "run.parquet")
+    if not len(run):
+        raise UsageError(f"{run_dir / 'run.parquet'} has no rows")
+    tables = {name: _read(run_dir / f"{name}.parquet") if (run_dir / f"{name}.parquet").is_file() else None
+              for name in OPTIONAL_TABLES}
+    return RunTables(run_dir, run.iloc[0], tables)
+
+
+def _read(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several types for a truncated or foreign file
+        raise UsageError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
+
+
+def _json(text) -> dict:
+    if not isinstance(text, str) or not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+# ---- number formatting (one place, shared by HTML and markdown) --------------------------------------------------
+
+
+def missing(value) -> bool:
+    return value is None or (not isinstance(value, str) and bool(pd.isna(value)))
+
+
+def fmt_ms(value) -> str:
+    """Milliseconds with about four significant digits: 407.5, 93.11, 5.123."""
+    if missing(value):
+        return "-"
+    value = float(value)
+    return f"{value:.1f}" if abs(value) >= 100 else f"{value:.2f}" if abs(value) >= 10 else f"{value:.3f}"
+
+
+def fmt_ratio(ratio, low=None, high=None) -> str:
+    """1.052x [1.046, 1.054]: the same form the terminal summary prints."""
+    if missing(ratio):
+        return "-"
+    if missing(low) or missing(high):
+        return f"{float(ratio):.3f}x"
+    return f"{float(ratio):.3f}x [{float(low):.3f}, {float(high):.3f}]"
+
+
+def fmt_num(value, spec: str = ".3g") -> str:
+    return "-" if missing(value) else format(float(value), spec)
+
+
+def fmt_time(unix_ns) -> str:
+    if missing(unix_ns):
+        return "-"
+    return datetime.fromtimestamp(int(unix_ns) / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+# ---- verdicts ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkloadVerdict:
+    workload: str
+    verdict: str
+    reasons: list[str]
+    speedup: str  # patched vs baseline with its interval
+    advice: str = ""
+
+
+def workload_verdicts(run: RunTables) -> list[WorkloadVerdict]:
+    """The verdict compare signed for each workload (stored on the summary's patched row)."""
+    summary = run.get("summary")
+    if summary is None:
+        return []
+    out = []
+    for workload, rows in summary.groupby("workload", sort=False):
+        patched = rows[rows["arm"] == "patched"]
+        if not len(patched) or missing(patched.iloc[0].get("verdict")):
+            continue
+        row = patched.iloc[0]
+        reasons = [r for r in str(row.get("reasons") or "").split(",") if r]
+        advice = "" if missing(row.get("advice")) else str(row.get("advice"))
+        out.append(WorkloadVerdict(str(workload), str(row["verdict"]), reasons,
+                                   fmt_ratio(row.get("speedup_vs_baseline"), row.get("ci_low"), row.get("ci_high")), advice))
+    return out
+
+
+def overall_verdict(run: RunTables, verdicts: list[WorkloadVerdict]) -> tuple[str, int]:
+    """The run's worst verdict and the exit code compare gave it (4 failed, 130 interrupted, as in cli.py)."""
+    status = str(run.run.get("status") or "")
+    worst = v.worst([w.verdict for w in verdicts if w.verdict in v.SEVERITY])
+    if status == "failed":
+        return worst, 4
+    if status == "interrupted":
+        return worst, 130
+    return worst, v.EXIT_CODES[worst]
+
+
+# ---- speedups ------------------------------------------------------------------------------------------------------
+
+
+def reference_arms(summary: pd.DataFrame) -> list[str]:
+    """Stock reference arms the summary compares the patched arm against: every `speedup_vs_<arm>` but baseline."""
+    found = [m.group(1) for c in summary.columns if (m := re.fullmatch(r"speedup_vs_(\w+)", c))]
+    return [arm for arm in found if arm != "baseline"]
+
+
+def confidence_label(run: RunTables) -> str:
+    confidence = run.config().get("confidence")
+    return f"{float(confidence) * 100:.0f}% CI" if isinstance(confidence, (int, float)) else "CI"
+
+
+def speedup_table(run: RunTables, workload: str) -> Table:
+    """Per arm: samples, median and spread, cold step, speedup vs baseline and vs each stock reference arm."""
+    summary = run.get("summary")
+    rows = summary[summary["workload"] == workload]
+    refs = reference_arms(summary)
+    ci = confidence_label(run)
+    has_decode = "tpot_median_ms" in rows and rows["tpot_median_ms"].notna().any()
+    columns = ["arm", "n", "median ms", "p10 / p90 ms", "cold ms", f"vs baseline [{ci}]",
+               *[f"vs {ref} [{ci}]" for ref in refs], *(["TTFT ms", "ms / token"] if has_decode else []), "correct"]
+    body = []
+    for _, r in rows.iterrows():
+        arm = str(r["arm"])
+        vs_base = "1 (reference)" if arm == "baseline" else fmt_ratio(r.get("speedup_vs_baseline"), r.get("ci_low"), r.get("ci_high"))
+        vs_refs = [fmt_ratio(r.get(f"speedup_vs_{ref}"), r.get(f"{ref}_ci_low"), r.get(f"{ref}_ci_high")) for ref in refs]
+        decode = [fmt_ms(r.get("ttft_median_ms")), fmt_ms(r.get("tpot_median_ms"))] if has_decode else []
+        correct = "-" if missing(r.get("correct")) else ("yes" if bool(r.get("correct")) else "NO")
+        n = "-" if missing(r.get("n")) else str(int(r["n"]))
+        body.append([arm, n, fmt_ms(r.get("median_ms")), f"{fmt_ms(r.get('p10_ms'))} / {fmt_ms(r.get('p90_ms'))}",
+                     fmt_ms(r.get("cold_ms")), vs_base, *vs_refs, *decode, correct])
+    return Table(columns, body, numeric=set(range(1, len(columns) - 1)),
+                 row_classes=["fail" if row[-1] == "NO" else "" for row in body])
+
+
+def workloads(run: RunTables) -> list[str]:
+    """Workloads in the order the run measured them."""
+    for name in ("summary", "steps"):
+        frame = run.get(name)
+        if frame is not None:
+            return list(dict.fromkeys(frame["workload"].astype(str)))
+    return [str(w) for w in run.config().get("workloads", [])]
+
+
+def arms(run: RunTables) -> list[str]:
+    """Arms in a fixed order (summary first, then any only seen in steps) so every plot colours them alike."""
+    names: list[str] = []
+    for name in ("summary", "steps"):
+        frame = run.get(name)
+        if frame is not None:
+            names += [a for a in dict.fromkeys(frame["arm"].astype(str)) if a not in names]
+    return names
+
+
+# ---- Amdahl explanation --------------------------------------------------------------------------------------------
+
+
+def amdahl_table(run: RunTables) -> Table | None:
+    """Per workload: the replaced region's share f and speedup s, predicted and bound, measured, cause."""
+    explain = run.get("explain")
+    if explain is None:
+        return None
+    summary = run.get("summary")
+    columns = ["workload", "time basis", "share f", "speedup s", "predicted", "bound 1/(1-f)", "measured", "cause"]
+    body = []
+    for _, r in explain.iterrows():
+        measured = fmt_ratio(r.get("measured"))
+        if summary is not None:  # the measured ratio's interval lives in the summary
+            patched = summary[(summary["workload"] == r["workload"]) & (summary["arm"] == "patched")]
+            if len(patched):
+                p = patched.iloc[0]
+                measured = fmt_ratio(p.get("speedup_vs_baseline"), p.get("ci_low"), p.get("ci_high"))
+        share = "-" if missing(r.get("f")) else f"{float(r['f']) * 100:.1f}%"
+        body.append([str(r["workload"]), str(r.get("time_basis") or "-"), share, fmt_ratio(r.get("s")),
+                     fmt_ratio(r.get("predicted")), fmt_ratio(r.get("bound")), measured, str(r.get("cause") or "-")])
+    return Table(columns, body, numeric={2, 3, 4, 5, 6})
+
+
+def amdahl_details(run: RunTables) -> list[tuple[str, str]]:
+    explain = run.get("explain")
+    if explain is None or "detail" not in explain:
+        return []
+    return [(str(r["workload"]), str(r["detail"])) for _, r in explain.iterrows() if not missing(r["detail"])]
+
+
+# ---- arm balance ---------------------------------------------------------------------------------------------------
+
+
+def balance_table(run: RunTables) -> Table | None:
+    """Median SM clock and GPU temperature per arm against the baseline's, as the verdict checked them."""
+    balance = run.get("balance")
+    if balance is None:
+        return None
+    columns = ["workload", "arm", "steps with telemetry", "SM clock MHz", "clock vs baseline", "GPU temp C",
+               "temp vs baseline", "throttled share", "flags"]
+    body, classes = [], []
+    for _, r in balance.iterrows():
+        flags = [name for name in ("clock_imbalance", "temp_imbalance", "throttled") if bool(r.get(name) or False)]
+        clock = "-" if missing(r.get("clock_diff_rel")) else f"{float(r['clock_diff_rel']) * 100:+.1f}%"
+        temp = "-" if missing(r.get("temp_diff_c")) else f"{float(r['temp_diff_c']):+.1f} C"
+        share = "-" if missing(r.get("throttled_share")) else f"{float(r['throttled_share']) * 100:.0f}%"
+        body.append([str(r["workload"]), str(r["arm"]), f"{r.get('steps_with_telemetry', '-')}/{r.get('steps', '-')}",
+                     fmt_num(r.get("sm_clock_median_mhz"), ".0f"), clock, fmt_num(r.get("gpu_temp_median_c"), ".0f"),
+                     temp, share, ", ".join(flags) or "none"])
+        classes.append("fail" if flags else "")
+    return Table(columns, body, numeric={2, 3, 4, 5, 6, 7}, row_classes=classes)
+
+
+# ---- correctness ---------------------------------------------------------------------------------------------------
+
+
+def correctness_failures(run: RunTables, limit: int = 50) -> tuple[Table | None, int]:
+    """Failed checks (at most `limit` rows) and how many failed in all."""
+    checks = run.get("correctness")
+    if checks is None:
+        return None, 0
+    failed = checks[~checks["passed"].fillna(False).astype(bool)]
+    body = [[str(r["workload"]), str(r["arm"]), str(r["tensor"]), str(r["metric"]), fmt_num(r.get("value")),
+             fmt_num(r.get("tolerance")), str(r.get("detail") or "")] for _, r in failed.head(limit).iterrows()]
+    table = Table(["workload", "arm", "tensor", "metric", "value", "tolerance", "detail"], body, numeric={4, 5},
+                  row_classes=["fail"] * len(body))
+    return table, len(failed)
+
+
+def correctness_counts(run: RunTables) -> Table | None:
+    """Checks passed / run per workload (rows) and arm (columns)."""
+    checks = run.get("correctness")
+    if checks is None:
+        return None
+    passed = checks.assign(ok=checks["passed"].fillna(False).astype(bool))
+    arm_names = [a for a in arms(run) if a in set(passed["arm"])] + sorted(set(passed["arm"]) - set(arms(run)))
+    body, classes = [], []
+    for workload, rows in passed.groupby("workload", sort=False):
+        cells = []
+        for arm in arm_names:
+            mine = rows[rows["arm"] == arm]
+            cells.append(f"{int(mine['ok'].sum())}/{len(mine)}" if len(mine) else "-")
+        body.append([str(workload), *cells])
+        classes.append("" if rows["ok"].all() else "fail")
+    return Table(["workload", *[f"{a} passed" for a in arm_names]], body, numeric=set(range(1, len(arm_names) + 1)),
+                 row_classes=classes)
+
+
+# ---- environment ---------------------------------------------------------------------------------------------------
+
+
+def run_facts(run: RunTables) -> list[tuple[str, str]]:
+    """What was run, when, with which patch: the facts a reader needs to reproduce or trust the run."""
+    r = run.run
+    model = _json(r.get("model_json"))
+    facts = [
+        ("run id", str(r.get("run_id"))), ("status", str(r.get("status"))),
+        ("started", fmt_time(r.get("started_unix_ns"))), ("ended", fmt_time(r.get("ended_unix_ns"))),
+        ("command line", str(r.get("command_line") or "-")),
+        ("patch", f"{r.get('patch_spec')} (origin: {r.get('patch_origin')})"),
+        ("patch source sha256", str(r.get("patch_source_sha256") or "-")),
+        ("seed", str(r.get("seed"))), ("batch digest", str(r.get("batch_digest") or "-")),
+    ]
+    if model:
+        facts.append(("model", ", ".join(f"{k}={val}" for k, val in sorted(model.items()))))
+    if not missing(r.get("failure")):
+        facts.append(("failure", str(r.get("failure"))))
+    if "telemetry_available" in r and not missing(r.get("telemetry_available")) and not bool(r.get("telemetry_available")):
+        facts.append(("telemetry", f"unavailable: {r.get('telemetry_unavailable_reason') or 'no reason recorded'}"))
+    return facts
+
+
+def flatten(mapping: dict, prefix: str = "") -> list[tuple[str, str]]:
+    """Nested JSON as sorted dotted keys: env_vars.CUDA_VISIBLE_DEVICES = 0."""
+    out = []
+    for key in sorted(mapping):
+        value = mapping[key]
+        if isinstance(value, dict) and value:
+            out += flatten(value, f"{prefix}{key}.")
+        else:
+            text = ", ".join(map(str, value)) if isinstance(value, list) else ("-" if value is None else str(value))
+            out.append((f"{prefix}{key}", text))
+    return out
+
+
+def telemetry_note(run: RunTables) -> str:
+    reason = run.run.get("telemetry_unavailable_reason")
+    return NOT_RECORDED + ("" if missing(reason) else f" ({reason})")
+
+
+def title(run: RunTables) -> str:
+    config = run.config()
+    return f"{config.get('model', '?')} + {run.run.get('patch_spec') or config.get('patch', '?')}"
+
+
+def device_line(run: RunTables) -> str:
+    env = run.environment()
+    device = env.get("gpu_name") or env.get("cpu_model") or env.get("device") or "unknown device"
+    versions = ", ".join(f"{k} {env[k]}" for k in ("torch", "transformers", "triton") if env.get(k))
+    return f"{device}" + (f"; {versions}" if versions else "")
