@@ -1,0 +1,154 @@
+"""Named custom ops `e2eprof::rmsnorm` and `e2eprof::rmsnorm_backward`, with dispatch and autograd.
+
+Named ops (not a bare autograd.Function) so profiler traces, opcheck and torch.compile see one opaque op per call.
+Dispatch: CUDA tensors run the Triton kernels; CPU tensors run cpu.py unless E2EPROF_RMSNORM_IMPL=triton forces the
+Triton kernels (meaningful only under TRITON_INTERPRET=1; used by tests). There is deliberately no fallback to the
+stock module: a patch that silently runs the stock code is exactly what e2eprof must catch, so a missing
+implementation raises instead. IMPL_CALLS counts which implementation ran, for the report.
+"""
+
+import collections
+import math
+import os
+
+import torch
+
+from . import cpu
+
+try:
+    import triton  # noqa: F401  (only probed here; the kernels are imported on first use, see _triton_kernels)
+
+    TRITON_AVAILABLE = True
+except ImportError:
+    TRITON_AVAILABLE = False
+
+IMPL_ENV = "E2EPROF_RMSNORM_IMPL"
+
+# Keys "triton.fwd", "triton.bwd", "cpu.fwd", "cpu.bwd": one per call that reached an implementation.
+IMPL_CALLS: collections.Counter = collections.Counter()
+
+
+def _triton_kernels():
+    # Imported lazily: @triton.jit decides at decoration time whether to build interpreted kernels, so
+    # TRITON_INTERPRET must already be set when this first runs.
+    from . import triton_kernels
+
+    return triton_kernels
+
+
+def _interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _choose_impl(t: torch.Tensor) -> str:
+    """Pick "triton" or "cpu" for tensor `t`, or raise: never a silent fallback to the stock module."""
+    if t.device.type == "cuda":
+        if not TRITON_AVAILABLE:
+            raise RuntimeError("e2eprof::rmsnorm got a CUDA tensor but triton is not installed; refusing to fall "
+                               "back to the stock RMSNorm (install triton, or do not apply the rmsnorm patch)")
+        return "triton"
+    if t.device.type != "cpu":
+        raise RuntimeError(f"e2eprof::rmsnorm has no implementation for device {t.device}")
+    choice = os.environ.get(IMPL_ENV, "").strip().lower()
+    if choice in ("", "auto", "cpu"):
+        return "cpu"
+    if choice == "triton":
+        if not TRITON_AVAILABLE:
+            raise RuntimeError(f"{IMPL_ENV}=triton but triton is not installed")
+        if not _interpreter_on():
+            raise RuntimeError(f"{IMPL_ENV}=triton on a CPU tensor needs TRITON_INTERPRET=1, set before triton is "
+                               "first imported")
+        return "triton"
+    raise ValueError(f"{IMPL_ENV} must be 'cpu', 'triton' or 'auto', got {choice!r}")
+
+
+def _check_args(x: torch.Tensor, weight: torch.Tensor) -> None:
+    if not (x.dtype.is_floating_point and weight.dtype.is_floating_point):
+        raise TypeError(f"e2eprof::rmsnorm: x and weight must be floating, got {x.dtype} and {weight.dtype}")
+    if x.dim() == 0 or weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"e2eprof::rmsnorm normalises the last dim: weight must be [{x.shape[-1] if x.dim() else '?'}]"
+                         f", got x {tuple(x.shape)} and weight {tuple(weight.shape)}")
+    if x.device != weight.device:
+        raise ValueError(f"x on {x.device} but weight on {weight.device}")
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """View `t` (..., C) as a contiguous [rows, C] matrix (copies only if needed)."""
+    return t.contiguous().reshape(math.prod(t.shape[:-1]), t.shape[-1])  # not numel // C: C may be 0
+
+
+@torch.library.custom_op("e2eprof::rmsnorm", mutates_args=(), schema="(Tensor x, Tensor weight, float eps) -> Tensor")
+def _rmsnorm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    _check_args(x, weight)
+    impl = _choose_impl(x)
+    kernels = _triton_kernels() if impl == "triton" else cpu
+    y2d = kernels.rmsnorm_forward(_rows(x), weight.contiguous(), eps)  # (R, C)
+    IMPL_CALLS[f"{impl}.fwd"] += 1
+    return y2d.reshape(x.shape)
+
+
+@_rmsnorm_op.register_fake
+def _rmsnorm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    _check_args(x, weight)
+    return x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype))
+
+
+@torch.library.custom_op(
+    "e2eprof::rmsnorm_backward",
+    mutates_args=(),
+    schema="(Tensor grad_out, Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)",
+)
+def _rmsnorm_backward_op(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_backward_args(grad_out, x, weight)
+    impl = _choose_impl(x)
+    kernels = _triton_kernels() if impl == "triton" else cpu
+    dx2d, dw = kernels.rmsnorm_backward(_rows(grad_out), _rows(x), weight.contiguous(), eps)
+    IMPL_CALLS[f"{impl}.bwd"] += 1
+    return dx2d.reshape(x.shape), dw
+
+
+@_rmsnorm_backward_op.register_fake
+def _rmsnorm_backward_fake(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_backward_args(grad_out, x, weight)
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+def _check_backward_args(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    _check_args(x, weight)
+    if grad_out.shape != x.shape or grad_out.device != x.device or not grad_out.dtype.is_floating_point:
+        raise ValueError(f"grad_out must be a floating tensor shaped like x {tuple(x.shape)} on {x.device}, got "
+                         f"{tuple(grad_out.shape)} {grad_out.dtype} on {grad_out.device}")
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, eps = inputs
+    # Backward recomputes rstd from x (it reads x anyway), so only the inputs are kept.
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _backward(ctx, grad_out):
+    x, weight = ctx.saved_tensors
+    dx, dw = torch.ops.e2eprof.rmsnorm_backward(grad_out, x, weight, ctx.eps)
+    return dx, dw, None
+
+
+_rmsnorm_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim, via `torch.ops.e2eprof.rmsnorm`: weight * (x / sqrt(mean(x^2) + eps)).
+
+    Same numerics as transformers' LlamaRMSNorm: fp32 math, the normalised row rounded to x's dtype, then multiplied
+    by the weight; the output dtype is torch.promote_types(x.dtype, weight.dtype). Differentiable in x and weight.
+    The result is a new contiguous tensor of x's shape.
+    """
+    return torch.ops.e2eprof.rmsnorm(x, weight, float(eps))
+
+
+def reference_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Trusted fp64 reference (no rounding anywhere), returned as float64 and differentiable in x and weight."""
+    x64 = x.double()
+    return weight.double() * (x64 * torch.rsqrt(x64.pow(2).mean(dim=-1, keepdim=True) + eps))
