@@ -31,7 +31,7 @@ def to_data_uri(fig: Figure) -> str:
     """PNG as a data: URI. No 'Software' metadata: matplotlib's default embeds its web address in the file."""
     FigureCanvasAgg(fig)
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
@@ -145,6 +145,7 @@ def op_diff_bars(opdiff: pd.DataFrame | None, workloads: list[str], top: int = 1
     axes = np.atleast_1d(fig.subplots(len(shown), 1, squeeze=False, height_ratios=[h + 1.5 for h in heights])).ravel()
     for ax, workload in zip(axes, shown):
         rows = opdiff[opdiff["workload"] == workload]
+        net_ms = float(rows["delta_us"].sum()) / 1e3  # every op, not only the bars shown
         rows = rows.reindex(rows["delta_us"].abs().sort_values(ascending=False, kind="stable").index).head(top)
         ms = (rows["delta_us"] / 1e3).to_numpy()[::-1]  # largest change at the top
         labels = [_op_label(r) for _, r in rows.iloc[::-1].iterrows()]
@@ -157,8 +158,8 @@ def op_diff_bars(opdiff: pd.DataFrame | None, workloads: list[str], top: int = 1
             ax.annotate(f"{x:+.3f}", xy=(x, y), xytext=(3 if x >= 0 else -3, 0), textcoords="offset points",
                         ha="left" if x >= 0 else "right", va="center", fontsize=8)
         basis = str(rows["time_basis"].iloc[0]) if "time_basis" in rows and len(rows) else "device"
-        ax.set_title(f"{workload}: patched - baseline, ms per step ({basis} time)", loc="left", fontsize=10,
-                     fontweight="bold")
+        ax.set_title(f"{workload}: patched - baseline, ms per step ({basis} time; all ops together {net_ms:+.3f} ms)",
+                     loc="left", fontsize=10, fontweight="bold")
         ax.grid(axis="x", alpha=0.3)
     return fig
 

@@ -178,9 +178,10 @@ def overall_verdict(run: RunTables, verdicts: list[WorkloadVerdict]) -> tuple[st
 
 
 def reference_arms(summary: pd.DataFrame) -> list[str]:
-    """Stock reference arms the summary compares the patched arm against: every `speedup_vs_<arm>` but baseline."""
+    """Stock reference arms the patched arm is compared against: each `speedup_vs_<arm>` with `<arm>_ci_low`
+    beside it, except baseline (whose interval columns are plain ci_low/ci_high)."""
     found = [m.group(1) for c in summary.columns if (m := re.fullmatch(r"speedup_vs_(\w+)", c))]
-    return [arm for arm in found if arm != "baseline"]
+    return [arm for arm in found if arm != "baseline" and f"{arm}_ci_low" in summary.columns]
 
 
 def confidence_label(run: RunTables) -> str:
