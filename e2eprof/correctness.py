@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from e2eprof.patch import Patch
-from e2eprof.tensorcheck import relative_error
+from e2eprof.tensorcheck import error_norms, ratio_of_norms
 
 PRECISION_DTYPE_NAME = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp64": "float64"}
 TOKEN_AGREEMENT_SLACK = 0.10  # random-weight models have near-tied logits: a flip or two is not a bug
@@ -36,47 +36,64 @@ def compare_captures(workload: str, reference_path: str, captures: dict[str, str
     outputs = {arm: load_file(path) for arm, path in captures.items()}
     baseline = outputs["baseline"]
     floor = patch.tolerance_for(PRECISION_DTYPE_NAME[precision])
+    # The yardstick is computed once per tensor; gradients (a 124M-parameter model's worth) dominate the cost.
+    stock_norms = {key: error_norms(baseline[key], reference[key]) for key in set(reference) & set(baseline)
+                   if key != "tokens" and baseline[key].shape == reference[key].shape}
     rows: list[dict] = []
     for arm, tensors in outputs.items():
         missing = sorted(set(reference) - set(tensors))
         if missing:
             rows.append(_row(workload, arm, ",".join(missing[:5]), "missing_outputs", len(missing), 0, False,
                              "the arm did not produce these outputs"))
-        grad_parts, grad_ref_parts, grad_base_parts = [], [], []
+        grads = {"arm": [0.0, 0.0], "stock": [0.0, 0.0], "count": 0, "stock_complete": True}
         for key in sorted(set(reference) & set(tensors)):
             ref, value = reference[key], tensors[key]
             if key == "tokens":
-                stock_agree = _token_agreement(baseline[key], ref)
-                agree = _token_agreement(value, ref)
-                tolerance = stock_agree - TOKEN_AGREEMENT_SLACK
-                rows.append(_row(workload, arm, key, "token_agreement_vs_fp64", agree, tolerance,
-                                 arm == "baseline" or agree >= tolerance, f"baseline agrees {stock_agree:.3f}"))
-                if arm != "baseline":
-                    rows.append(_row(workload, arm, key, "token_agreement_vs_baseline", _token_agreement(value, baseline[key]),
-                                     math.nan, True, "informational"))
+                rows += _token_rows(workload, arm, value, baseline[key], ref)
                 continue
             if value.shape != ref.shape:
                 rows.append(_row(workload, arm, key, "shape_mismatch", math.nan, math.nan, False,
                                  f"{tuple(value.shape)} vs reference {tuple(ref.shape)}"))
                 continue
-            error = relative_error(value, ref)
-            stock = relative_error(baseline[key], ref) if key in baseline else math.nan
+            norms = stock_norms[key] if arm == "baseline" and key in stock_norms else error_norms(value, ref)
+            error = ratio_of_norms(*norms)
+            stock = ratio_of_norms(*stock_norms[key]) if key in stock_norms else math.nan
             tolerance = max(patch.error_factor * stock, floor) if math.isfinite(stock) else floor
             passed = arm == "baseline" or error <= tolerance
             detail = "yardstick (stock path)" if arm == "baseline" else f"baseline error {stock:.3g}"
             rows.append(_row(workload, arm, key, "rel_error_vs_fp64", error, tolerance, passed, detail))
             if key.startswith("grad/"):
-                grad_parts.append(value.flatten().double())
-                grad_ref_parts.append(ref.flatten().double())
-                if key in baseline:
-                    grad_base_parts.append(baseline[key].flatten().double())
-        if grad_parts:
-            ref_all = torch.cat(grad_ref_parts)
-            error = relative_error(torch.cat(grad_parts), ref_all)
-            stock = relative_error(torch.cat(grad_base_parts), ref_all) if len(grad_base_parts) == len(grad_parts) else math.nan
+                _accumulate(grads, norms, stock_norms.get(key))
+        if grads["count"]:
+            error = ratio_of_norms(*grads["arm"])
+            stock = ratio_of_norms(*grads["stock"]) if grads["stock_complete"] else math.nan
             tolerance = max(patch.error_factor * stock, floor) if math.isfinite(stock) else floor
             rows.append(_row(workload, arm, "grad/*", "rel_error_vs_fp64", error, tolerance,
-                             arm == "baseline" or error <= tolerance, f"all {len(grad_parts)} gradients together"))
+                             arm == "baseline" or error <= tolerance, f"all {grads['count']} gradients together"))
+    return rows
+
+
+def _accumulate(grads: dict, norms: tuple[float, float], stock: tuple[float, float] | None) -> None:
+    """Add one gradient's squared norms to the whole-model totals (squared norms add across tensors)."""
+    grads["count"] += 1
+    grads["arm"][0] += norms[0]
+    grads["arm"][1] += norms[1]
+    if stock is None:
+        grads["stock_complete"] = False
+    else:
+        grads["stock"][0] += stock[0]
+        grads["stock"][1] += stock[1]
+
+
+def _token_rows(workload: str, arm: str, value, baseline, reference) -> list[dict]:
+    stock_agree = _token_agreement(baseline, reference)
+    agree = _token_agreement(value, reference)
+    tolerance = stock_agree - TOKEN_AGREEMENT_SLACK
+    rows = [_row(workload, arm, "tokens", "token_agreement_vs_fp64", agree, tolerance,
+                 arm == "baseline" or agree >= tolerance, f"baseline agrees {stock_agree:.3f}")]
+    if arm != "baseline":
+        rows.append(_row(workload, arm, "tokens", "token_agreement_vs_baseline", _token_agreement(value, baseline),
+                         math.nan, True, "informational"))
     return rows
 
 

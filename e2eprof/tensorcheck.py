@@ -14,22 +14,41 @@ from dataclasses import dataclass, field
 import torch
 
 
+def error_norms(value: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
+    """(||value - reference||^2, ||reference||^2) in fp64 over the reference's finite positions.
+
+    Squared norms add up across tensors, so a whole-model figure (all gradients together) needs no
+    concatenated copy. A non-finite value where the reference is finite gives an infinite numerator.
+    """
+    reference = reference.detach().double()
+    value = value.detach().to(reference.device, torch.float64)
+    finite = torch.isfinite(reference)
+    if bool(finite.all()):  # the common case: skip the boolean-mask copies
+        if not bool(torch.isfinite(value).all()):
+            return math.inf, 0.0
+        return torch.sum((value - reference) ** 2).item(), torch.sum(reference * reference).item()
+    if not bool(torch.isfinite(value[finite]).all()):
+        return math.inf, 0.0
+    diff = value[finite] - reference[finite]
+    return torch.sum(diff * diff).item(), torch.sum(reference[finite] ** 2).item()
+
+
+def ratio_of_norms(num_sq: float, denom_sq: float) -> float:
+    """sqrt(num_sq / denom_sq), with 0/0 = 0 and x/0 = inf (never NaN: NaN compares False against any tolerance)."""
+    if math.isinf(num_sq):
+        return math.inf
+    if denom_sq == 0:
+        return 0.0 if num_sq == 0 else math.inf
+    return math.sqrt(num_sq / denom_sq)
+
+
 def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     """||value - reference|| / ||reference|| in fp64 over the reference's finite positions.
 
     A non-finite value where the reference is finite makes the error infinite (never NaN, which would compare
     False against any tolerance and could be mistaken for a pass by careless code).
     """
-    reference = reference.detach().double()
-    value = value.detach().to(reference.device, torch.float64)
-    finite = torch.isfinite(reference)
-    if not bool(torch.isfinite(value[finite]).all()):
-        return math.inf
-    num = torch.linalg.vector_norm(value[finite] - reference[finite]).item()
-    denom = torch.linalg.vector_norm(reference[finite]).item()
-    if denom == 0:
-        return 0.0 if num == 0 else math.inf
-    return num / denom
+    return ratio_of_norms(*error_norms(value, reference))
 
 
 def same_special_values(a: torch.Tensor, b: torch.Tensor) -> bool:
