@@ -31,15 +31,21 @@ class DeviceDefaults:
     new_tokens: int
     precision: str
     max_warmup_steps: int
+    reference_arms: tuple[str, ...]
+    budget_seconds: float
 
     @staticmethod
     def for_device(device: str) -> "DeviceDefaults":
         if device.startswith("cuda"):
+            # torch.compile is the strongest stock path on a GPU; on a CPU its compile alone takes minutes.
             return DeviceDefaults(batch=8, seq=1024, steps=40, block_steps=5, new_tokens=32, precision="bf16",
-                                  max_warmup_steps=50)
-        # CPU step times are noisy (2-core laptops, shared CI): windows rarely agree within 2%, so cap warm-up low.
-        return DeviceDefaults(batch=2, seq=128, steps=8, block_steps=2, new_tokens=8, precision="fp32",
-                              max_warmup_steps=9)
+                                  max_warmup_steps=50, reference_arms=("sdpa", "compile"), budget_seconds=60.0)
+        # CPU step times are noisy (2-core laptops, shared CI): windows rarely agree within 2%, so cap warm-up low,
+        # and spend no extra time chasing a 1% interval that a CPU will not give in minutes.
+        # GPT-2's 50k-token LM head makes a CPU train step cost ~0.2 s per 32 tokens on two cores: one 64-token
+        # sequence keeps the whole default job in a few minutes.
+        return DeviceDefaults(batch=1, seq=64, steps=6, block_steps=2, new_tokens=8, precision="fp32",
+                              max_warmup_steps=6, reference_arms=("sdpa",), budget_seconds=0.0)
 
 
 @dataclass(frozen=True)
@@ -57,9 +63,17 @@ class CompareConfig:
     precision: str | None = None
     new_tokens: int | None = None
     seed: int = 0
-    reference_arms: tuple[str, ...] = ("sdpa",)
+    reference_arms: tuple[str, ...] | None = None  # stock arms to compare with (default by device)
     min_speedup: float = 0.01  # PASS needs the interval's lower bound above 1 + this
-    confidence: float = 0.95
+    confidence: float = 0.95  # of every interval; 1 - confidence is the significance level
+    correction: str = "holm"  # across workloads: holm (family-wise), bh (false discovery rate) or none
+    aa: bool = False  # A/A calibration: the baseline against a second, identical baseline process
+    target_half_width: float = 0.01  # adaptive length: add blocks until the speedup interval is this tight...
+    budget_seconds: float | None = None  # ...or this much more timed time per workload is spent (default by device)
+    max_blocks: int = 400  # and never more blocks than this per arm
+    clock_tolerance: float = 0.02  # arms whose median SM clocks differ by more than this cannot PASS
+    temp_tolerance_c: float = 5.0  # nor arms whose median GPU temperatures differ by more than this
+    policy: str | None = None  # the TOML file thresholds came from, recorded for the report
     max_warmup_steps: int | None = None  # cap on warm-up steps per arm and workload (default by device)
     max_warmup_seconds: float = 60.0  # and on warm-up time per arm and workload
     warmup_tolerance: float = 0.02  # warm-up ends when consecutive window medians differ by less than this
@@ -90,7 +104,8 @@ class CompareConfig:
         device = resolve_device(self.device)
         object.__setattr__(self, "device", device)
         defaults = DeviceDefaults.for_device(device)
-        for name in ("batch", "seq", "steps", "block_steps", "new_tokens", "precision", "max_warmup_steps"):
+        for name in ("batch", "seq", "steps", "block_steps", "new_tokens", "precision", "max_warmup_steps",
+                     "reference_arms", "budget_seconds"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, getattr(defaults, name))
         for name, low in (("batch", 1), ("seq", 2), ("steps", 2), ("block_steps", 1), ("new_tokens", 2), ("max_warmup_steps", 0),
@@ -110,9 +125,24 @@ class CompareConfig:
             raise UsageError(f"--min-speedup: must be a fraction such as 0.01, got {self.min_speedup}")
         if not 0 < self.warmup_tolerance < 1:
             raise UsageError(f"warmup_tolerance: must be a fraction, got {self.warmup_tolerance}")
+        object.__setattr__(self, "reference_arms", tuple(self.reference_arms))
         for arm in self.reference_arms:
             if arm not in REFERENCE_ARMS:
                 raise UsageError(f"--reference: unknown reference arm '{arm}'{suggest(arm, REFERENCE_ARMS)}; known: {', '.join(REFERENCE_ARMS)}")
+        if self.aa:
+            object.__setattr__(self, "reference_arms", ())  # an A/A run times the baseline against itself only
+        if self.correction not in CORRECTIONS:
+            raise UsageError(f"correction: unknown method '{self.correction}'{suggest(self.correction, CORRECTIONS)}; known: {', '.join(CORRECTIONS)}")
+        if not 0 < self.clock_tolerance < 1:
+            raise UsageError(f"clock_tolerance: must be a fraction such as 0.02, got {self.clock_tolerance}")
+        if not 0 < self.temp_tolerance_c < 100:
+            raise UsageError(f"temp_tolerance_c: must be in degrees C, got {self.temp_tolerance_c}")
+        if not 0 < self.target_half_width < 0.5:
+            raise UsageError(f"--target-ci: must be a fraction such as 0.01, got {self.target_half_width}")
+        if not 0 <= self.budget_seconds <= 86400:
+            raise UsageError(f"--budget: must be between 0 and 86400 seconds, got {self.budget_seconds}")
+        if not isinstance(self.max_blocks, int) or self.max_blocks < self.n_blocks:
+            raise UsageError(f"max_blocks: must be an integer >= the {self.n_blocks} blocks --steps asks for, got {self.max_blocks!r}")
 
     @property
     def n_blocks(self) -> int:
@@ -128,7 +158,9 @@ class CompareConfig:
         return record
 
 
-REFERENCE_ARMS = ("sdpa",)
+REFERENCE_ARMS = ("sdpa", "compile")
+CORRECTIONS = ("holm", "bh", "none")
+AA_ARM = "baseline-aa"  # the second baseline process of an A/A run
 
 
 def resolve_device(device: str) -> str:

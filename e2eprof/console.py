@@ -42,6 +42,9 @@ class ConsoleEvents:
             self.task = self.progress.add_task(f"{info['workload']}: timed blocks", total=info["total"])
         elif kind == "advance" and self.progress is not None:
             self.progress.advance(self.task)
+        elif kind == "timing_extend" and self.progress is not None:
+            # Adaptive length: the interval is not tight enough yet, so another round of blocks runs.
+            self.progress.update(self.task, total=info["total"])
 
     def _stop_bar(self) -> None:
         if self.progress is not None:
@@ -79,24 +82,56 @@ def _print_top_changes(console: Console, run_dir, workload: str, top: int = 5) -
         console.print(f"    {r.delta_us / 1e3:+8.3f} ms  {r.op} [{r.direction}] in {r.module} ({r.status})")
 
 
+def _reference_arms(rows: pd.DataFrame) -> list[str]:
+    """Stock arms the candidate was compared with: every speedup_vs_<arm> column with a value."""
+    return [c.removeprefix("speedup_vs_") for c in rows.columns
+            if c.startswith("speedup_vs_") and c != "speedup_vs_baseline" and rows[c].notna().any()]
+
+
+def _beats_line(candidate: pd.Series, references: list[str]) -> str | None:
+    """Plain words on whether the candidate beats each stock path (the interval decides, not the point estimate)."""
+    parts = []
+    for ref in references:
+        ratio, low, high = candidate.get(f"speedup_vs_{ref}"), candidate.get(f"{ref}_ci_low"), candidate.get(f"{ref}_ci_high")
+        if ratio is None or pd.isna(ratio):
+            continue
+        answer = "yes" if low > 1 else ("no, it is slower" if high < 1 else "not resolved")
+        parts.append(f"beats {ref}? {answer} ({_interval(ratio, low, high)})")
+    return "; ".join(parts) or None
+
+
 def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir) -> None:
     """One table per workload, then the verdicts and where the report lives."""
     for workload, rows in summary.groupby("workload", sort=False):
+        references = _reference_arms(rows)
+        candidate_rows = rows[rows.verdict.notna()] if "verdict" in rows else rows.iloc[0:0]
+        candidate = candidate_rows.iloc[0] if len(candidate_rows) else None
+        name = candidate["arm"] if candidate is not None else "patched"
         table = Table(title=f"{workload}", title_justify="left", show_lines=False)
-        for column in ("arm", "median ms", "p10/p90 ms", "cold ms", "vs baseline [CI]", "patched vs sdpa [CI]", "correct"):
+        columns = ["arm", "median ms", "p10/p90 ms", "cold ms", "vs baseline [CI]",
+                   *[f"{name} vs {ref} [CI]" for ref in references], "correct"]
+        for column in columns:
             table.add_column(column, justify="left" if column in ("arm", "correct") else "right")
         for _, row in rows.iterrows():
             table.add_row(
                 str(row["arm"]), _fmt(row.get("median_ms")),
                 f"{_fmt(row.get('p10_ms'))}/{_fmt(row.get('p90_ms'))}", _fmt(row.get("cold_ms"), ".1f"),
                 _interval(row.get("speedup_vs_baseline"), row.get("ci_low"), row.get("ci_high")) if row["arm"] != "baseline" else "1",
-                _interval(row.get("speedup_vs_sdpa"), row.get("sdpa_ci_low"), row.get("sdpa_ci_high")),
+                *[_interval(row.get(f"speedup_vs_{ref}"), row.get(f"{ref}_ci_low"), row.get(f"{ref}_ci_high")) for ref in references],
                 "yes" if row.get("correct") else "NO",
             )
         console.print(table)
+        if "compile" in set(rows.arm):
+            console.print(f"  compile: first step {_fmt(rows[rows.arm == 'compile'].iloc[0].get('cold_ms') / 1e3, '.1f')} s "
+                          "(includes compilation; not in the step times)")
         if workload == "generate" and "ttft_median_ms" in rows:
             parts = [f"{r.arm}: TTFT {_fmt(r.ttft_median_ms)} ms, {_fmt(r.tpot_median_ms, '.3f')} ms/token" for r in rows.itertuples()]
             console.print("  " + "; ".join(parts))
+        if candidate is not None and not pd.isna(candidate.get("ci_half_width", math.nan)):
+            console.print(f"  timing: {int(candidate.get('blocks', 0))} blocks per arm ({candidate.get('stop_reason', '-')}); "
+                          f"smallest resolvable effect ~{candidate['mde'] * 100:.2f}%")
+        if candidate is not None and (line := _beats_line(candidate, references)):
+            console.print(f"  {name}: {line}")
         patched = rows[rows.arm == "patched"]
         if len(patched) and "predicted_speedup" in patched and not pd.isna(patched.iloc[0].get("predicted_speedup")):
             r = patched.iloc[0]

@@ -1,7 +1,8 @@
 """Record the environment a run measured: versions, device, and a fixed list of environment variables.
 
-Only the variables named in RECORDED_ENV_VARS are stored (never the whole environment) so reports can be
-shared without leaking tokens or paths.
+Only the variables named in RECORDED_ENV_VARS and e2eprof's own E2EPROF_* switches (implementation overrides,
+the planted delay) are stored, never the whole environment, so reports can be shared without leaking tokens
+or paths.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ RECORDED_ENV_VARS = (
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
     "NCCL_NVLS_ENABLE",
-    "E2EPROF_FASTSOFTMAX_IMPL",
 )
+OWN_ENV_PREFIX = "E2EPROF_"
 
 
 def _version(distribution: str) -> str | None:
@@ -69,7 +70,8 @@ def capture_environment(device: str) -> dict:
         "gpu_memory_bytes": None,
         "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "driver": None,
-        "env_vars": {name: os.environ[name] for name in RECORDED_ENV_VARS if name in os.environ},
+        "env_vars": {name: value for name, value in sorted(os.environ.items())
+                     if name in RECORDED_ENV_VARS or name.startswith(OWN_ENV_PREFIX)},
     }
     if device.startswith("cuda"):
         index = torch.device(device).index or 0

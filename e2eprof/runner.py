@@ -13,23 +13,25 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from e2eprof import explain, reports, stats, telemetry
 from e2eprof.arm_process import ArmFailed, ArmProcess
-from e2eprof.config import CompareConfig, default_out_dir
+from e2eprof.config import AA_ARM, CompareConfig, default_out_dir
 from e2eprof.correctness import compare_captures, op_check_rows
 from e2eprof.env import capture_environment
 from e2eprof.errors import RunError, UsageError
 from e2eprof.patching import check_model_fits
 from e2eprof.registry import load_patch
-from e2eprof.verdict import EXIT_CODES, Verdict, decide, worst
+from e2eprof.summary import summarize
+from e2eprof.verdict import EXIT_CODES, Verdict, worst
 from e2eprof.worker import ArmSpec, WorkerSetup, scratch_path
+from e2eprof.workloads.loops import check_workloads
 from e2eprof.workloads.models import ModelLoadError, resolve_model
 
 Events = Callable[..., None]
@@ -81,6 +83,20 @@ class _RunState:
         self.correctness: list[dict] = []
         self.arm_failures: dict[str, ArmFailed] = {}
         self.profiles: dict[tuple[str, str], dict] = {}  # (workload, arm) -> ProfileResult.to_dict()
+        self.phases: list[dict] = []  # where the run's own wall time went (issue: timing should dominate)
+        self.timing: dict[str, dict] = {}  # workload -> blocks run, why timing stopped, seconds
+
+    @contextmanager
+    def phase(self, events: Events, workload: str, name: str, detail: str = "") -> Iterator[None]:
+        """Announce a phase and record its wall time in phases.parquet, also when it fails."""
+        events("phase", name=f"{workload}: {name}" if workload != "*" else name, detail=detail)
+        start = time.time_ns()
+        try:
+            yield
+        finally:
+            end = time.time_ns()
+            self.phases.append({"workload": workload, "phase": name, "start_unix_ns": start, "end_unix_ns": end,
+                                "seconds": (end - start) / 1e9})
 
     def steps_frame(self) -> pd.DataFrame:
         """Steps joined with the telemetry samples that fall inside each step (clocks, temperature, throttling)."""
@@ -100,6 +116,8 @@ class _RunState:
             reports.write_table(self.out_dir, "telemetry", samples.assign(run_id=run_id))
             reports.write_table(self.out_dir, "blocks", telemetry.block_energy(steps, samples).assign(run_id=run_id))
         reports.write_table(self.out_dir, "correctness", [r | {"run_id": run_id} for r in self.correctness])
+        if self.phases:
+            reports.write_table(self.out_dir, "phases", [r | {"run_id": run_id} for r in self.phases])
         if self.profiles:
             reports.write_table(self.out_dir, "ops", pd.concat(
                 [explain.ops_frame(r, workload=w, arm=a) for (w, a), r in self.profiles.items()], ignore_index=True
@@ -110,9 +128,16 @@ class _RunState:
 
 
 def _arms(config: CompareConfig, attn: str) -> list[ArmSpec]:
-    arms = [ArmSpec("baseline", attn, False), ArmSpec("patched", attn, True)]
+    """baseline and patched (or baseline twice for A/A), then the stock reference arms asked for."""
+    arms = [ArmSpec("baseline", attn, False)]
+    if config.aa:
+        return arms + [ArmSpec(AA_ARM, attn, False)]
+    arms.append(ArmSpec("patched", attn, True))
     if "sdpa" in config.reference_arms and attn != "sdpa":
         arms.append(ArmSpec("sdpa", "sdpa", False))
+    if "compile" in config.reference_arms:
+        # The strongest stock path: the compiler over the stock model with its fastest attention.
+        arms.append(ArmSpec("compile", "sdpa", False, compile=True))
     return arms
 
 
@@ -122,6 +147,10 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
         source = resolve_model(config.model)
     except ModelLoadError as exc:
         raise UsageError(f"--model: {exc}") from None
+    try:
+        check_workloads(source, config.workloads, config.seq)  # e.g. generate on an encoder, --seq past positions
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     loaded = load_patch(config.patch)
     attn = loaded.patch.attn_implementation or "eager"
     check_model_fits(loaded.patch, source.architecture, attn)
@@ -150,13 +179,13 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
     scratch = Path(tempfile.mkdtemp(prefix="e2eprof-scratch-"))
     processes: dict[str, ArmProcess] = {}
     try:
-        events("phase", name="start workers", detail=", ".join(a.name for a in arms))
-        for arm in arms:
-            processes[arm.name] = ArmProcess(WorkerSetup(
-                arm=arm, model=config.model, patch_spec=config.patch, device=config.device,
-                precision=config.precision, seed=config.seed, batch=config.batch, seq=config.seq,
-                new_tokens=config.new_tokens, scratch_dir=str(scratch)))
-        builds = _broadcast(processes, state, "build")
+        with state.phase(events, "*", "start workers and build models", ", ".join(a.name for a in arms)):
+            for arm in arms:
+                processes[arm.name] = ArmProcess(WorkerSetup(
+                    arm=arm, model=config.model, patch_spec=config.patch, device=config.device,
+                    precision=config.precision, seed=config.seed, batch=config.batch, seq=config.seq,
+                    new_tokens=config.new_tokens, scratch_dir=str(scratch)))
+            builds = _broadcast(processes, state, "build")
         if "baseline" not in builds:
             raise RunError(f"the baseline arm could not start: {state.arm_failures['baseline']}")
         run_row["model_json"] = reports.to_json(builds["baseline"]["model"])
@@ -167,10 +196,11 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
             _run_workload(config, workload, processes, state, loaded.patch, scratch, events)
             state.flush()
         sampler.stop()
-        balance = telemetry.arm_balance(state.steps_frame()) if sampler.available else []
+        balance = (telemetry.arm_balance(state.steps_frame(), clock_tolerance=config.clock_tolerance,
+                                         temp_tolerance_c=config.temp_tolerance_c) if sampler.available else [])
         if balance:
             reports.write_table(out_dir, "balance", [r | {"run_id": run_id} for r in balance])
-        summary, verdicts = summarize(state.steps, state.correctness, config, set(state.arm_failures), balance)
+        summary, verdicts = summarize(state.steps, state.correctness, config, set(state.arm_failures), balance, state.timing)
         _explain_into(summary, state, run_id)
         reports.write_table(out_dir, "summary", [r | {"run_id": run_id} for r in summary])
         run_row["status"] = "complete"
@@ -260,11 +290,89 @@ def _run_workload(config, workload, processes, state, patch, scratch, events) ->
     live = lambda: [a for a in processes if a not in state.arm_failures]  # noqa: E731
     before = {a: _call(processes, state, a, "counters") for a in live()}
 
-    events("phase", name=f"{workload}: cold step")
-    for arm in live():
-        state.steps += _call(processes, state, arm, "cold", {"workload": workload}) or []
+    with state.phase(events, workload, "cold step"):
+        for arm in live():
+            state.steps += _call(processes, state, arm, "cold", {"workload": workload}) or []
 
-    events("phase", name=f"{workload}: correctness")
+    with state.phase(events, workload, "correctness"):
+        _correctness_gate(config, workload, processes, state, patch, scratch, live)
+
+    with state.phase(events, workload, "warm-up"):
+        for arm in live():
+            state.steps += _call(processes, state, arm, "warmup", {
+                "workload": workload, "window": max(config.block_steps, 3), "tolerance": config.warmup_tolerance,
+                "max_steps": config.max_warmup_steps, "max_seconds": config.max_warmup_seconds}) or []
+
+    with state.phase(events, workload, "timing"):
+        _timed_blocks(config, workload, processes, state, events, live)
+
+    after = {a: _call(processes, state, a, "counters") for a in live()}
+    state.correctness += kernel_ran_rows(workload, before, after)
+    state.flush()
+
+    if config.profile:
+        with state.phase(events, workload, "profile",
+                         f"{config.profile_warmup} warm-up + {config.profile_steps} active steps per arm"):
+            _profile_arms(config, workload, processes, state, patch, live)
+
+
+def _timed_blocks(config, workload, processes, state, events, live) -> None:
+    """Interleaved blocks: the fixed --steps first, then more rounds until the interval is tight enough.
+
+    The stopping rule looks at the interval's width only, never at which side of 1 it lies: stopping when a
+    result looks significant would inflate false alarms, stopping on precision does not.
+    """
+    events("timing", workload=workload, total=config.n_blocks * len(live()))
+    order = live()
+    started = time.perf_counter()
+    block, reason = 0, "fixed steps"
+    while True:
+        steps = min(config.block_steps, config.steps - block * config.block_steps) if block < config.n_blocks else config.block_steps
+        # Alternate the order each round (ABC, CBA, ...): ABBA for two arms, balanced for three.
+        for arm in (order if block % 2 == 0 else list(reversed(order))):
+            state.steps += _call(processes, state, arm, "block", {"workload": workload, "block": block, "steps": steps}) or []
+            events("advance", workload=workload)
+        state.flush()
+        block += 1
+        if block < config.n_blocks:
+            continue
+        reason = _stop_reason(config, state, workload, block, time.perf_counter() - started)
+        if reason:
+            break
+        events("timing_extend", workload=workload, total=(block + 1) * len(live()))
+    state.timing[workload] = {"blocks": block, "stop_reason": reason, "timing_s": time.perf_counter() - started}
+
+
+def _stop_reason(config, state, workload: str, blocks: int, elapsed: float) -> str | None:
+    """Why timing may stop now, or None to run another round."""
+    if config.budget_seconds <= 0:
+        return "fixed steps"
+    candidate = _candidate_arm(config)
+    if candidate in state.arm_failures or "baseline" in state.arm_failures:
+        return "arm failed"
+    warm = [s for s in state.steps if s["workload"] == workload and s["phase"] == "warm"]
+    base = [(s["wall_ns"], s["block"]) for s in warm if s["arm"] == "baseline"]
+    cand = [(s["wall_ns"], s["block"]) for s in warm if s["arm"] == candidate]
+    if len(base) >= 2 and len(cand) >= 2:
+        ci = stats.ratio_of_medians_ci([w for w, _ in base], [w for w, _ in cand], baseline_blocks=[b for _, b in base],
+                                       candidate_blocks=[b for _, b in cand], confidence=config.confidence,
+                                       n_boot=1000, seed=config.seed)
+        if stats.ci_halfwidth_rel(ci) <= config.target_half_width:
+            return "target interval reached"
+    if elapsed >= config.budget_seconds:
+        return "time budget spent"
+    if blocks >= config.max_blocks:
+        return "block limit reached"
+    return None
+
+
+def _candidate_arm(config: CompareConfig) -> str:
+    """The arm whose speedup over the baseline is judged: the patched model, or the second baseline in A/A."""
+    return AA_ARM if config.aa else "patched"
+
+
+def _correctness_gate(config, workload, processes, state, patch, scratch, live) -> None:
+    """fp64 reference from the stock baseline, captures of every arm on pristine weights, op checks in the patched arm."""
     reference = _call(processes, state, "baseline", "reference", {
         "workload": workload, "path": scratch_path(str(scratch), "fp64", workload, "reference")})
     captures = {}
@@ -277,40 +385,20 @@ def _run_workload(config, workload, processes, state, patch, scratch, events) ->
     if reference and "baseline" in captures:
         state.correctness += compare_captures(workload, reference["path"], captures, patch, config.precision)
 
-    events("phase", name=f"{workload}: warm-up")
+
+def _profile_arms(config, workload, processes, state, patch, live) -> None:
     for arm in live():
-        state.steps += _call(processes, state, arm, "warmup", {
-            "workload": workload, "window": max(config.block_steps, 3), "tolerance": config.warmup_tolerance,
-            "max_steps": config.max_warmup_steps, "max_seconds": config.max_warmup_seconds}) or []
-
-    events("timing", workload=workload, total=config.n_blocks * len(live()))
-    order = live()
-    for block in range(config.n_blocks):
-        # Alternate the order each round (ABC, CBA, ...): ABBA for two arms, balanced for three.
-        for arm in (order if block % 2 == 0 else list(reversed(order))):
-            steps = min(config.block_steps, config.steps - block * config.block_steps)
-            state.steps += _call(processes, state, arm, "block", {"workload": workload, "block": block, "steps": steps}) or []
-            events("advance", workload=workload)
-        state.flush()
-
-    after = {a: _call(processes, state, a, "counters") for a in live()}
-    state.correctness += kernel_ran_rows(workload, before, after)
-    state.flush()
-
-    if config.profile:
-        events("phase", name=f"{workload}: profile", detail=f"{config.profile_warmup} warm-up + {config.profile_steps} active steps per arm")
-        for arm in live():
-            trace = str(state.out_dir / f"trace-{workload}-{arm}.json.gz") if config.trace else None
-            result = _call(processes, state, arm, "profile", {"workload": workload, "warmup": config.profile_warmup,
-                                                                "active": config.profile_steps, "trace_path": trace})
-            if result is None:
-                continue
-            state.profiles[(workload, arm)] = result["result"]
-            state.correctness.append({
-                "workload": workload, "arm": arm, "tensor": "-", "metric": "profile_complete",
-                "value": float(not result["problems"]), "tolerance": 1.0, "passed": not result["problems"],
-                "detail": "; ".join(result["problems"]) or "trace complete" + (
-                    "; patch kernels present" if arm == "patched" and patch.kernel_names else "")})
+        trace = str(state.out_dir / f"trace-{workload}-{arm}.json.gz") if config.trace else None
+        result = _call(processes, state, arm, "profile", {"workload": workload, "warmup": config.profile_warmup,
+                                                            "active": config.profile_steps, "trace_path": trace})
+        if result is None:
+            continue
+        state.profiles[(workload, arm)] = result["result"]
+        state.correctness.append({
+            "workload": workload, "arm": arm, "tensor": "-", "metric": "profile_complete",
+            "value": float(not result["problems"]), "tolerance": 1.0, "passed": not result["problems"],
+            "detail": "; ".join(result["problems"]) or "trace complete" + (
+                "; patch kernels present" if arm == "patched" and patch.kernel_names else "")})
 
 
 def kernel_ran_rows(workload: str, before: dict, after: dict) -> list[dict]:
@@ -338,89 +426,3 @@ def kernel_ran_rows(workload: str, before: dict, after: dict) -> list[dict]:
         else:
             row(arm, "custom_kernel_calls", calls, 0, calls == 0, detail + " (must be zero: this arm is stock)")
     return rows
-
-
-def _balance_columns(balance: list[dict] | None, workload: str, arm: str) -> dict:
-    for row in balance or []:
-        if row["workload"] == workload and row["arm"] == arm:
-            return {"sm_clock_median_mhz": row["sm_clock_median_mhz"], "gpu_temp_median_c": row["gpu_temp_median_c"],
-                    "throttled_share": row["throttled_share"], "clock_imbalance": row["clock_imbalance"],
-                    "temp_imbalance": row["temp_imbalance"]}
-    return {}
-
-
-KERNEL_PROOF_METRICS = ("patched_calls", "custom_kernel_calls", "profile_complete")
-
-
-def summarize(steps: list[dict], correctness: list[dict], config: CompareConfig, failed_arms: set[str],
-              balance: list[dict] | None = None):
-    """Summary rows per (workload, arm) and a Verdict per workload, derived from the raw rows."""
-    frame = pd.DataFrame(steps)
-    checks = pd.DataFrame(correctness)
-    rows, verdicts = [], {}
-    for workload in config.workloads:
-        warm = frame[(frame.workload == workload) & (frame.phase == "warm")] if len(frame) else frame
-        arms = list(dict.fromkeys(warm.arm)) if len(warm) else []
-        samples = {a: warm[warm.arm == a] for a in arms}
-
-        def arm_ok(arm):
-            if not len(checks):
-                return False
-            mine = checks[(checks.arm == arm) & checks.workload.isin([workload, "*"])]
-            return bool(len(mine)) and bool(mine.passed.all())
-
-        def ratio_ci(base_arm, cand_arm):
-            if base_arm not in samples or cand_arm not in samples:
-                return None
-            b, c = samples[base_arm], samples[cand_arm]
-            return stats.ratio_of_medians_ci(b.wall_ns.to_numpy() / 1e6, c.wall_ns.to_numpy() / 1e6,
-                                             baseline_blocks=b.block.to_numpy(), candidate_blocks=c.block.to_numpy(),
-                                             confidence=config.confidence, seed=config.seed)
-
-        vs_base = {a: ratio_ci("baseline", a) for a in arms if a != "baseline"}
-        patched_vs_sdpa = ratio_ci("sdpa", "patched")
-        for arm in arms:
-            d = stats.describe(samples[arm].wall_ns.to_numpy() / 1e6)
-            cold = frame[(frame.workload == workload) & (frame.arm == arm) & (frame.phase == "cold")]
-            ci = vs_base.get(arm)
-            mw = (stats.mann_whitney(samples["baseline"].wall_ns.to_numpy(), samples[arm].wall_ns.to_numpy())
-                  if arm != "baseline" and "baseline" in samples else None)
-            rows.append({
-                "workload": workload, "arm": arm, "n": d["n"], "median_ms": d["median"], "mean_ms": d["mean"],
-                "p10_ms": d["p10"], "p90_ms": d["p90"], "iqr_ms": d["iqr"], "cv": d["cv"],
-                "cold_ms": cold.wall_ns.iloc[0] / 1e6 if len(cold) else math.nan,
-                "device_median_ms": float(np.nanmedian(samples[arm].device_ms)) if samples[arm].device_ms.notna().any() else math.nan,
-                "ttft_median_ms": float(samples[arm].ttft_ms.median()) if workload == "generate" else math.nan,
-                "tpot_median_ms": float(samples[arm].tpot_ms.median()) if workload == "generate" else math.nan,
-                "speedup_vs_baseline": ci.ratio if ci else (1.0 if arm == "baseline" else math.nan),
-                "ci_low": ci.low if ci else math.nan, "ci_high": ci.high if ci else math.nan,
-                "mw_p": mw.p_two_sided if mw else math.nan,
-                "speedup_vs_sdpa": patched_vs_sdpa.ratio if (arm == "patched" and patched_vs_sdpa) else math.nan,
-                "sdpa_ci_low": patched_vs_sdpa.low if (arm == "patched" and patched_vs_sdpa) else math.nan,
-                "sdpa_ci_high": patched_vs_sdpa.high if (arm == "patched" and patched_vs_sdpa) else math.nan,
-                "correct": arm_ok(arm), "verdict": None, "reasons": None,
-                **_balance_columns(balance, workload, arm),
-            })
-        ci = vs_base.get("patched")
-        mine = checks[checks.workload == workload] if len(checks) else checks
-        proof = mine[(mine.arm == "patched") & mine.metric.isin(KERNEL_PROOF_METRICS)] if len(mine) else mine
-        patched_ran = bool((proof.metric == "patched_calls").any()) and bool(proof.passed.all()) if len(proof) else False
-        stock_calls = mine[(mine.arm != "patched") & (mine.metric == "custom_kernel_calls")] if len(mine) else mine
-        baseline_clean = bool(stock_calls.passed.all()) if len(stock_calls) else True
-        correctness_rows = checks[(checks.arm == "patched") & checks.workload.isin([workload, "*"])
-                                  & ~checks.metric.isin(KERNEL_PROOF_METRICS)] if len(checks) else checks
-        verdict = decide(
-            correct=bool(len(correctness_rows)) and bool(correctness_rows.passed.all()),
-            kernel_ran=patched_ran, baseline_clean=baseline_clean,
-            arm_failed=bool({"patched", "baseline"} & failed_arms),
-            n_baseline=len(samples.get("baseline", [])), n_patched=len(samples.get("patched", [])),
-            ratio=ci.ratio if ci else math.nan, ci_low=ci.low if ci else math.nan, ci_high=ci.high if ci else math.nan,
-            min_speedup=config.min_speedup, balance=[b for b in balance or [] if b["workload"] == workload])
-        verdicts[workload] = verdict
-        for row in rows:
-            if row["workload"] == workload and row["arm"] == "patched":
-                row["verdict"], row["reasons"] = verdict.verdict, ",".join(verdict.reasons)
-        if "patched" not in arms:
-            rows.append({"workload": workload, "arm": "patched", "n": 0, "verdict": verdict.verdict,
-                         "reasons": ",".join(verdict.reasons), "correct": False})
-    return rows, verdicts

@@ -9,6 +9,7 @@ INCONCLUSIVE: everything else, with what would settle it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
@@ -28,6 +29,8 @@ TOO_FEW_SAMPLES = "TOO_FEW_SAMPLES"
 CLOCK_IMBALANCE = "CLOCK_IMBALANCE"
 THERMAL_IMBALANCE = "THERMAL_IMBALANCE"
 THROTTLED = "THROTTLED"
+NOT_SIGNIFICANT_AFTER_CORRECTION = "NOT_SIGNIFICANT_AFTER_CORRECTION"
+AA_FALSE_ALARM = "AA_FALSE_ALARM"
 
 MIN_SAMPLES = 6
 
@@ -43,14 +46,13 @@ class Verdict:
         return f"{self.verdict} ({', '.join(self.reasons)})" + (f": {self.advice}" if self.advice else "")
 
 
-def decide(*, correct: bool, kernel_ran: bool, baseline_clean: bool, arm_failed: bool, n_baseline: int,
-           n_patched: int, ratio: float, ci_low: float, ci_high: float, min_speedup: float,
-           balance: list[dict] | None = None) -> Verdict:
-    """Apply the sign-off rules for one workload (or sweep point); see the module docstring.
+def _significant(p_adjusted: float, alpha: float) -> bool:
+    """The rank test agrees after the multiple-comparison adjustment (no test possible: the interval decides)."""
+    return not math.isfinite(p_adjusted) or p_adjusted <= alpha
 
-    balance: telemetry.arm_balance rows. Arms that ran at different clocks or temperatures cannot PASS (the
-    difference may be the card's, not the kernel's); throttled steps are named in the reasons of any verdict.
-    """
+
+def _conditions(balance: list[dict] | None) -> tuple[list[str], list[str]]:
+    """(imbalance reasons that forbid a PASS, notes that go with any verdict) from telemetry.arm_balance rows."""
     imbalance, notes = [], []
     for row in balance or []:
         if row.get("clock_imbalance") and CLOCK_IMBALANCE not in imbalance:
@@ -59,6 +61,21 @@ def decide(*, correct: bool, kernel_ran: bool, baseline_clean: bool, arm_failed:
             imbalance.append(THERMAL_IMBALANCE)
         if row.get("throttled") and THROTTLED not in notes:
             notes.append(THROTTLED)
+    return imbalance, notes
+
+
+def decide(*, correct: bool, kernel_ran: bool, baseline_clean: bool, arm_failed: bool, n_baseline: int,
+           n_patched: int, ratio: float, ci_low: float, ci_high: float, min_speedup: float,
+           balance: list[dict] | None = None, p_adjusted: float = math.nan, alpha: float = 0.05) -> Verdict:
+    """Apply the sign-off rules for one workload (or sweep point); see the module docstring.
+
+    balance: telemetry.arm_balance rows. Arms that ran at different clocks or temperatures cannot PASS (the
+    difference may be the card's, not the kernel's); throttled steps are named in the reasons of any verdict.
+    p_adjusted: the Mann-Whitney p-value after adjustment across the run's workloads; a difference is only
+    called significant when the interval excludes 1 AND this is at most alpha.
+    """
+    imbalance, notes = _conditions(balance)
+    significant = _significant(p_adjusted, alpha)
     failures = []
     if arm_failed:
         failures.append(ARM_FAILED)
@@ -69,12 +86,16 @@ def decide(*, correct: bool, kernel_ran: bool, baseline_clean: bool, arm_failed:
     if not baseline_clean:
         failures.append(BASELINE_CONTAMINATED)
     enough = n_baseline >= MIN_SAMPLES and n_patched >= MIN_SAMPLES
-    if enough and ci_high < 1.0:
+    if enough and ci_high < 1.0 and significant:
         failures.append(SLOWER)
     if failures:
         return Verdict(FAIL, failures + notes)
     if not enough:
         return Verdict(INCONCLUSIVE, [TOO_FEW_SAMPLES], f"need at least {MIN_SAMPLES} timed steps per arm; raise --steps")
+    if (ci_low > 1.0 or ci_high < 1.0) and not significant:
+        return Verdict(INCONCLUSIVE, [NOT_SIGNIFICANT_AFTER_CORRECTION, *notes],
+                       f"the interval [{ci_low:.4f}, {ci_high:.4f}] excludes 1, but the adjusted p-value {p_adjusted:.3g} "
+                       f"is above {alpha:g} once every workload of the run is counted: raise --steps or --budget")
     if ci_low > 1.0 + min_speedup:
         if imbalance:
             thresholds = ", ".join(f"{r['arm']}: SM clock {r.get('clock_diff_rel', float('nan')) * 100:+.1f}% "
@@ -89,6 +110,32 @@ def decide(*, correct: bool, kernel_ran: bool, baseline_clean: bool, arm_failed:
     return Verdict(INCONCLUSIVE, [NO_SIGNIFICANT_DIFFERENCE, *notes],
                    f"speedup {ratio:.4f} with interval [{ci_low:.4f}, {ci_high:.4f}]; "
                    f"a difference under ~{half * 100:.1f}% cannot be resolved with this many steps: raise --steps")
+
+
+def decide_aa(*, correct: bool, arm_failed: bool, n_baseline: int, n_patched: int, ratio: float, ci_low: float,
+              ci_high: float, min_speedup: float, balance: list[dict] | None = None, p_adjusted: float = math.nan,
+              alpha: float = 0.05, target_half_width: float = 0.01) -> Verdict:
+    """An A/A calibration: the same stock arm in two processes must come out as no difference.
+
+    PASS (NO_SIGNIFICANT_DIFFERENCE) states the noise floor reached; FAIL (AA_FALSE_ALARM) means the harness
+    itself produced a significant difference between identical arms: no verdict on this machine can be trusted
+    until the cause (order effects, a noisy neighbour, clocks) is found. "No difference" with a noise floor wider
+    than the target (or the margin, if larger) is INCONCLUSIVE: such a run would not have seen a real difference.
+    """
+    imbalance, notes = _conditions(balance)
+    if arm_failed or not correct:
+        return Verdict(FAIL, ([ARM_FAILED] if arm_failed else []) + ([] if correct else [INCORRECT]) + notes)
+    if n_baseline < MIN_SAMPLES or n_patched < MIN_SAMPLES:
+        return Verdict(INCONCLUSIVE, [TOO_FEW_SAMPLES], f"need at least {MIN_SAMPLES} timed steps per arm; raise --steps")
+    half = (ci_high - ci_low) / 2 / ratio if ratio > 0 else math.nan
+    if (ci_low > 1.0 or ci_high < 1.0) and _significant(p_adjusted, alpha):
+        return Verdict(FAIL, [AA_FALSE_ALARM, *imbalance, *notes],
+                       f"identical arms differ: {ratio:.4f} [{ci_low:.4f}, {ci_high:.4f}]")
+    agree = f"identical arms agree: {ratio:.4f} [{ci_low:.4f}, {ci_high:.4f}]; noise floor +-{half * 100:.2f}%"
+    if not half <= max(target_half_width, min_speedup):
+        return Verdict(INCONCLUSIVE, [NO_SIGNIFICANT_DIFFERENCE, *imbalance, *notes],
+                       f"{agree}, wider than the {max(target_half_width, min_speedup) * 100:g}% target: raise --steps or --budget")
+    return Verdict(PASS, [NO_SIGNIFICANT_DIFFERENCE, *imbalance, *notes], agree)
 
 
 def worst(verdicts: list[str]) -> str:

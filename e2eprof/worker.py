@@ -31,11 +31,12 @@ N_BATCHES = 4  # distinct seeded batches cycled through, so no step reuses the p
 
 @dataclass(frozen=True)
 class ArmSpec:
-    """One arm: a name, the attention implementation, and whether the patch is applied."""
+    """One arm: a name, the attention implementation, whether the patch is applied, whether torch.compile runs it."""
 
     name: str
     attn_implementation: str
     apply_patch: bool
+    compile: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,9 @@ class ArmWorker:
         if setup.arm.apply_patch:
             self.applied = apply_patch(self.loaded.patch, model)
         self.model = model.to(self.device)
+        # What the loops call. torch.compile wraps the module and shares its parameters, so restoring pristine
+        # weights into self.model reaches the compiled one too. Compilation itself happens in the cold step.
+        self.step_model = torch.compile(self.model) if setup.arm.compile else self.model
         # Weights as built, restored before every correctness capture so all arms compare the same model
         # even after their (differently long) timed phases have trained it.
         self.pristine = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
@@ -98,7 +102,7 @@ class ArmWorker:
 
     def _workload(self, name: str):
         if name not in self.workloads:
-            self.workloads[name] = make_workload(name, self.model, self.device, self.setup.precision,
+            self.workloads[name] = make_workload(name, self.step_model, self.device, self.setup.precision,
                                                  **self._options(name))
             self.step_counter[name] = 0
         return self.workloads[name]
@@ -206,9 +210,10 @@ class ArmWorker:
 
         instance = self._workload(workload)
         passthrough = None
+        compiled = self.setup.arm.compile
         if self.applied is not None:
             self.applied.set_mark_ranges(True)
-        else:
+        elif not compiled:  # profiler ranges inside a compiled graph would break it: profile what really runs
             passthrough = apply_patch(self.loaded.patch, None, passthrough=True)
             passthrough.set_mark_ranges(True)
         counter = iter(range(10**9))
@@ -218,7 +223,7 @@ class ArmWorker:
 
         try:
             result = profile_workload(one_step, self.model, device=self.device, warmup=warmup, active=active,
-                                      trace_path=trace_path)
+                                      trace_path=trace_path, with_module_ranges=not compiled)
         finally:
             if self.applied is not None:
                 self.applied.set_mark_ranges(False)

@@ -36,6 +36,14 @@ def no_safetensors_folder(tmp_path):
     return str(folder)
 
 
+def policy_file(text):
+    def write(tmp_path):
+        path = tmp_path / "policy.toml"
+        path.write_text(text)
+        return str(path)
+    return write
+
+
 def full_out_dir(tmp_path):
     out = tmp_path / "old-report"
     out.mkdir()
@@ -54,6 +62,12 @@ CASES = [
     ("unknown-option", ["compare", "--bogus", "1"], ["No such option: --bogus"]),
     ("out-not-empty", {"out": full_out_dir}, ["--out", "already holds a report", "--force"]),
     ("no-safetensors", {"model": no_safetensors_folder}, ["--model", "no *.safetensors weights", "pytorch_model.bin"]),
+    ("policy-unknown-key", {"policy": policy_file("min_speedp = 0.02\n")}, ["--policy: unknown key 'min_speedp'", "did you mean 'min_speedup'"]),
+    ("policy-missing", {"policy": lambda tmp_path: str(tmp_path / "none.toml")}, ["--policy: cannot read"]),
+    ("policy-bad-value", {"policy": policy_file("confidence = 3\n")}, ["--confidence: must be between 0.5 and 1"]),
+    ("unknown-reference", {"reference": "sdpaa"}, ["--reference", "did you mean 'sdpa'"]),
+    ("budget-negative", {"budget": "-5"}, ["--budget: must be between 0 and 86400"]),
+    ("target-ci-too-wide", {"target-ci": "0.9"}, ["--target-ci: must be a fraction"]),
 ]
 
 

@@ -17,9 +17,10 @@ class TestDefaults:
     def test_cpu_defaults_fill_unset_fields(self):
         c = config()
         assert c.device == "cpu"
-        assert (c.batch, c.seq, c.steps, c.block_steps, c.new_tokens, c.precision) == (2, 128, 8, 2, 8, "fp32")
+        assert (c.batch, c.seq, c.steps, c.block_steps, c.new_tokens, c.precision) == (1, 64, 6, 2, 8, "fp32")
+        assert c.reference_arms == ("sdpa",) and c.budget_seconds == 0  # no compile arm, no adaptive length on CPU
         assert c.workloads == WORKLOAD_NAMES
-        assert c.n_blocks == 4
+        assert c.n_blocks == 3
 
     def test_cuda_defaults(self):
         d = DeviceDefaults.for_device("cuda:1")

@@ -103,3 +103,50 @@ def test_worst(verdicts, expected):
 
 def test_exit_codes():
     assert EXIT_CODES == {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}
+
+
+# ---- multiple comparisons and A/A -------------------------------------------------------------------------
+
+def test_significant_interval_but_adjusted_p_above_alpha_is_inconclusive():
+    # The interval says faster, but once every workload of the run is counted the rank test no longer does.
+    result = decide_with(p_adjusted=0.2, alpha=0.05)
+    assert result.verdict == INCONCLUSIVE and result.reasons == [v.NOT_SIGNIFICANT_AFTER_CORRECTION]
+    slower = decide_with(ratio=0.9, ci_low=0.88, ci_high=0.92, p_adjusted=0.2, alpha=0.05)
+    assert slower.verdict == INCONCLUSIVE and v.SLOWER not in slower.reasons
+
+
+def test_adjusted_p_below_alpha_keeps_the_verdict():
+    assert decide_with(p_adjusted=0.001, alpha=0.05).verdict == PASS
+    assert decide_with(ratio=0.9, ci_low=0.88, ci_high=0.92, p_adjusted=0.001).reasons == [v.SLOWER]
+
+
+AA_GOOD = dict(correct=True, arm_failed=False, n_baseline=20, n_patched=20, ratio=1.001, ci_low=0.996,
+               ci_high=1.006, min_speedup=0.01)
+
+
+def test_aa_identical_arms_pass_and_state_the_noise_floor():
+    result = v.decide_aa(**AA_GOOD)
+    assert result.verdict == PASS and result.reasons == [v.NO_SIGNIFICANT_DIFFERENCE]
+    assert "noise floor +-0.50%" in result.advice
+
+
+@pytest.mark.parametrize("ci", [(1.01, 1.02), (0.97, 0.99)])
+def test_aa_difference_between_identical_arms_is_a_false_alarm(ci):
+    result = v.decide_aa(**(AA_GOOD | {"ci_low": ci[0], "ci_high": ci[1], "ratio": sum(ci) / 2, "p_adjusted": 0.001}))
+    assert result.verdict == FAIL and result.reasons[0] == v.AA_FALSE_ALARM
+
+
+def test_aa_interval_off_one_but_not_significant_after_correction_passes():
+    result = v.decide_aa(**(AA_GOOD | {"ci_low": 1.001, "ci_high": 1.02, "ratio": 1.01, "p_adjusted": 0.3}))
+    assert result.verdict == PASS
+
+
+def test_aa_too_noisy_to_have_seen_a_difference_is_inconclusive():
+    result = v.decide_aa(**(AA_GOOD | {"ci_low": 0.8, "ci_high": 1.25, "ratio": 1.0}))
+    assert result.verdict == INCONCLUSIVE and "wider than the 1% target" in result.advice
+
+
+def test_aa_too_few_samples_and_failures():
+    assert v.decide_aa(**(AA_GOOD | {"n_patched": 2})).reasons == [v.TOO_FEW_SAMPLES]
+    assert v.decide_aa(**(AA_GOOD | {"arm_failed": True})).verdict == FAIL
+    assert v.INCORRECT in v.decide_aa(**(AA_GOOD | {"correct": False})).reasons

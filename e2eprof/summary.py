@@ -1,0 +1,166 @@
+"""From raw step and correctness rows to summary rows per (workload, arm) and a verdict per workload.
+
+Everything here is derived from what the run recorded (steps.parquet, correctness.parquet, balance rows), so a
+summary can always be rebuilt from a report directory. The candidate is the patched arm, or in an A/A run the
+second baseline. Workloads are tested together: their p-values are adjusted for multiple comparisons (Holm by
+default) before any verdict calls a difference significant.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from e2eprof import stats
+from e2eprof.config import AA_ARM, CompareConfig
+from e2eprof.verdict import Verdict, decide, decide_aa
+
+KERNEL_PROOF_METRICS = ("patched_calls", "custom_kernel_calls", "profile_complete")
+ADJUSTERS = {"holm": stats.holm, "bh": stats.benjamini_hochberg, "none": lambda p: [float(x) for x in p]}
+
+
+def _balance_columns(balance: list[dict] | None, workload: str, arm: str) -> dict:
+    for row in balance or []:
+        if row["workload"] == workload and row["arm"] == arm:
+            return {"sm_clock_median_mhz": row["sm_clock_median_mhz"], "gpu_temp_median_c": row["gpu_temp_median_c"],
+                    "throttled_share": row["throttled_share"], "clock_imbalance": row["clock_imbalance"],
+                    "temp_imbalance": row["temp_imbalance"]}
+    return {}
+
+
+def _ms(frame: pd.DataFrame) -> np.ndarray:
+    return frame.wall_ns.to_numpy() / 1e6
+
+
+class _Workload:
+    """The warm samples of one workload, and the statistics every row of it needs."""
+
+    def __init__(self, frame: pd.DataFrame, workload: str, config: CompareConfig):
+        self.name = workload
+        self.config = config
+        mine = frame[frame.workload == workload] if len(frame) else frame
+        warm = mine[mine.phase == "warm"] if len(mine) else mine
+        self.cold = mine[mine.phase == "cold"] if len(mine) else mine
+        self.arms = list(dict.fromkeys(warm.arm)) if len(warm) else []
+        self.samples = {a: warm[warm.arm == a] for a in self.arms}
+
+    def ratio_ci(self, base_arm: str, cand_arm: str) -> stats.RatioCI | None:
+        if base_arm not in self.samples or cand_arm not in self.samples:
+            return None
+        b, c = self.samples[base_arm], self.samples[cand_arm]
+        return stats.ratio_of_medians_ci(_ms(b), _ms(c), baseline_blocks=b.block.to_numpy(),
+                                         candidate_blocks=c.block.to_numpy(), confidence=self.config.confidence,
+                                         seed=self.config.seed)
+
+    def mann_whitney_p(self, arm: str) -> float:
+        if arm == "baseline" or "baseline" not in self.samples or arm not in self.samples:
+            return math.nan
+        return stats.mann_whitney(self.samples["baseline"].wall_ns.to_numpy(), self.samples[arm].wall_ns.to_numpy()).p_two_sided
+
+    def row(self, arm: str) -> dict:
+        d = stats.describe(_ms(self.samples[arm]))
+        cold = self.cold[self.cold.arm == arm]
+        arm_samples = self.samples[arm]
+        generate = self.name == "generate"
+        return {
+            "workload": self.name, "arm": arm, "n": d["n"], "median_ms": d["median"], "mean_ms": d["mean"],
+            "p10_ms": d["p10"], "p90_ms": d["p90"], "iqr_ms": d["iqr"], "cv": d["cv"],
+            # A compiled arm's first step includes compilation: its cold time is the compile cost users pay.
+            "cold_ms": cold.wall_ns.iloc[0] / 1e6 if len(cold) else math.nan,
+            "device_median_ms": float(np.nanmedian(arm_samples.device_ms)) if arm_samples.device_ms.notna().any() else math.nan,
+            "ttft_median_ms": float(arm_samples.ttft_ms.median()) if generate else math.nan,
+            "tpot_median_ms": float(arm_samples.tpot_ms.median()) if generate else math.nan,
+            "blocks": int(arm_samples.block.nunique()),
+        }
+
+
+def _arm_checks_pass(checks: pd.DataFrame, workload: str, arm: str) -> bool:
+    if not len(checks):
+        return False
+    mine = checks[(checks.arm == arm) & checks.workload.isin([workload, "*"])]
+    return bool(len(mine)) and bool(mine.passed.all())
+
+
+def summarize(steps: list[dict], correctness: list[dict], config: CompareConfig, failed_arms: set[str],
+              balance: list[dict] | None = None, timing: dict[str, dict] | None = None):
+    """Summary rows per (workload, arm) and a Verdict per workload, derived from the raw rows."""
+    frame = pd.DataFrame(steps)
+    checks = pd.DataFrame(correctness)
+    candidate = AA_ARM if config.aa else "patched"
+    rows: list[dict] = []
+    per_workload: dict[str, dict] = {}
+    for workload in config.workloads:
+        data = _Workload(frame, workload, config)
+        vs_base = {a: data.ratio_ci("baseline", a) for a in data.arms if a != "baseline"}
+        references = {ref: data.ratio_ci(ref, candidate) for ref in config.reference_arms if ref in data.arms}
+        for arm in data.arms:
+            ci = vs_base.get(arm)
+            row = data.row(arm) | {
+                "speedup_vs_baseline": ci.ratio if ci else (1.0 if arm == "baseline" else math.nan),
+                "ci_low": ci.low if ci else math.nan, "ci_high": ci.high if ci else math.nan,
+                "mw_p": data.mann_whitney_p(arm),
+                "correct": _arm_checks_pass(checks, workload, arm), "verdict": None, "reasons": None,
+                **_balance_columns(balance, workload, arm),
+            }
+            for ref, ref_ci in references.items():
+                on_candidate = arm == candidate and ref_ci is not None
+                row[f"speedup_vs_{ref}"] = ref_ci.ratio if on_candidate else math.nan
+                row[f"{ref}_ci_low"] = ref_ci.low if on_candidate else math.nan
+                row[f"{ref}_ci_high"] = ref_ci.high if on_candidate else math.nan
+            if arm == candidate and ci is not None:
+                row["ci_half_width"] = stats.ci_halfwidth_rel(ci)
+                row["mde"] = stats.minimum_detectable_effect(ci)
+                row.update({k: v for k, v in (timing or {}).get(workload, {}).items() if k in ("stop_reason", "timing_s")})
+            rows.append(row)
+        per_workload[workload] = {"data": data, "ci": vs_base.get(candidate), "p": data.mann_whitney_p(candidate)}
+
+    _adjust_pvalues(per_workload, config.correction)
+    verdicts = {}
+    for workload, info in per_workload.items():
+        verdict = _decide_workload(workload, info, checks, config, failed_arms, balance, candidate)
+        verdicts[workload] = verdict
+        placed = False
+        for row in rows:
+            if row["workload"] == workload and row["arm"] == candidate:
+                row.update(verdict=verdict.verdict, reasons=",".join(verdict.reasons), mw_p_adjusted=info["p_adjusted"],
+                           correction=config.correction)
+                placed = True
+        if not placed:
+            rows.append({"workload": workload, "arm": candidate, "n": 0, "verdict": verdict.verdict,
+                         "reasons": ",".join(verdict.reasons), "correct": False})
+    return rows, verdicts
+
+
+def _adjust_pvalues(per_workload: dict[str, dict], correction: str) -> None:
+    """Adjusted p-value per workload (NaN where no test could run), across all workloads of the run."""
+    tested = [w for w, info in per_workload.items() if not math.isnan(info["p"])]
+    adjusted = ADJUSTERS[correction]([per_workload[w]["p"] for w in tested]) if tested else []
+    for workload, info in per_workload.items():
+        info["p_adjusted"] = math.nan
+    for workload, p in zip(tested, adjusted):
+        per_workload[workload]["p_adjusted"] = p
+
+
+def _decide_workload(workload, info, checks, config, failed_arms, balance, candidate) -> Verdict:
+    ci, data = info["ci"], info["data"]
+    common = dict(
+        arm_failed=bool({candidate, "baseline"} & failed_arms),
+        n_baseline=len(data.samples.get("baseline", [])), n_patched=len(data.samples.get(candidate, [])),
+        ratio=ci.ratio if ci else math.nan, ci_low=ci.low if ci else math.nan, ci_high=ci.high if ci else math.nan,
+        p_adjusted=info["p_adjusted"], alpha=1 - config.confidence, min_speedup=config.min_speedup,
+        balance=[b for b in balance or [] if b["workload"] == workload],
+    )
+    if config.aa:
+        return decide_aa(target_half_width=config.target_half_width, correct=_arm_checks_pass(checks[~checks.metric.isin(KERNEL_PROOF_METRICS)] if len(checks) else checks,
+                                                  workload, candidate), **common)
+    mine = checks[checks.workload == workload] if len(checks) else checks
+    proof = mine[(mine.arm == "patched") & mine.metric.isin(KERNEL_PROOF_METRICS)] if len(mine) else mine
+    patched_ran = bool((proof.metric == "patched_calls").any()) and bool(proof.passed.all()) if len(proof) else False
+    stock_calls = mine[(mine.arm != "patched") & (mine.metric == "custom_kernel_calls")] if len(mine) else mine
+    baseline_clean = bool(stock_calls.passed.all()) if len(stock_calls) else True
+    correctness_rows = checks[(checks.arm == "patched") & checks.workload.isin([workload, "*"])
+                              & ~checks.metric.isin(KERNEL_PROOF_METRICS)] if len(checks) else checks
+    return decide(correct=bool(len(correctness_rows)) and bool(correctness_rows.passed.all()),
+                  kernel_ran=patched_ran, baseline_clean=baseline_clean, **common)
