@@ -1,7 +1,7 @@
 """Command line: parse options, build a config, call the library. Errors become one line and an exit code.
 
 Exit codes: 0 PASS, 1 FAIL, 3 INCONCLUSIVE (worst over workloads), 2 bad usage, 4 the run itself failed,
-130 interrupted.
+130 interrupted. `diff`: 0 nothing got worse, 1 something got significantly worse, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -44,25 +44,70 @@ def compare(
     dtype: Annotated[Optional[str], typer.Option(help="Autocast dtype: bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU).")] = None,
     new_tokens: Annotated[Optional[int], typer.Option(help="Tokens to generate in the generate workload.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for weights and batches.")] = 0,
-    reference: Annotated[Optional[list[str]], typer.Option(help="Stock reference arms: sdpa, or none.")] = None,
-    min_speedup: Annotated[float, typer.Option(help="PASS needs the speedup interval's lower bound above 1 + this.")] = 0.01,
+    reference: Annotated[Optional[list[str]], typer.Option(help="Stock reference arms: sdpa, compile, or none (default: sdpa,compile on GPU, sdpa on CPU).")] = None,
+    min_speedup: Annotated[Optional[float], typer.Option(help="PASS needs the speedup interval's lower bound above 1 + this (default 0.01).")] = None,
+    budget: Annotated[Optional[float], typer.Option(help="Adaptive length: seconds of timed steps per workload to spend reaching --target-ci (default: 60 on GPU, 0 = fixed --steps on CPU).")] = None,
+    target_ci: Annotated[Optional[float], typer.Option(help="Stop adding blocks once the speedup interval's half-width is under this fraction (default 0.01).")] = None,
+    policy: Annotated[Optional[Path], typer.Option(help="TOML file with sign-off thresholds (min_speedup, confidence, correction, target_ci, budget, ...); options given here win.")] = None,
+    aa: Annotated[bool, typer.Option("--aa", help="A/A calibration: time the baseline against a second identical baseline; must show no difference.")] = False,
     out: Annotated[Optional[Path], typer.Option(help="Report directory (default reports/<UTC time>-<model>-<patch>/).")] = None,
     force: Annotated[bool, typer.Option(help="Overwrite an existing report directory.")] = False,
     profile: Annotated[bool, typer.Option(help="Per-op profiling phase after timing.")] = True,
     trace: Annotated[bool, typer.Option(help="Also write a gzipped Chrome trace per arm and workload (size-capped).")] = False,
 ) -> int:
     """Time baseline, patched and stock-reference arms of a model's real loops; check correctness; sign off."""
+    references = _split(reference)
+    config = _config(
+        policy, model=model, patch=patch, workloads=_split(workload) or ("train", "infer", "generate"), device=device,
+        batch=batch, seq=seq, steps=steps, block_steps=block_steps, precision=dtype, new_tokens=new_tokens, seed=seed,
+        reference_arms=() if references == ("none",) else references, min_speedup=min_speedup,
+        budget_seconds=budget, target_half_width=target_ci, aa=aa,
+        out=out, force=force, profile=profile, trace=trace,
+    )
+    return _run(config)
+
+
+@app.command()
+def calibrate(
+    model: Annotated[str, typer.Option(help="Preset or a local Hugging Face folder.")] = "gpt2",
+    patch: Annotated[str, typer.Option(help="The comparison whose baseline is calibrated (its attention implementation is used).")] = "fastsoftmax",
+    workload: Annotated[Optional[list[str]], typer.Option(help="train, infer, generate (default: train).")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    batch: Annotated[Optional[int], typer.Option(help="Batch size.")] = None,
+    seq: Annotated[Optional[int], typer.Option(help="Sequence length.")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Timed warm steps per arm and workload.")] = None,
+    block_steps: Annotated[Optional[int], typer.Option(help="Steps per interleaved block.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="Autocast dtype: bf16, fp16 or fp32.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for weights and batches.")] = 0,
+    budget: Annotated[Optional[float], typer.Option(help="Seconds of timed steps per workload (see compare).")] = None,
+    policy: Annotated[Optional[Path], typer.Option(help="TOML file with sign-off thresholds.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Report directory.")] = None,
+    force: Annotated[bool, typer.Option(help="Overwrite an existing report directory.")] = False,
+) -> int:
+    """A/A run (the same stock arm in two processes): PASS means no false difference; shows the noise floor."""
+    config = _config(
+        policy, model=model, patch=patch, workloads=_split(workload) or ("train",), device=device, batch=batch, seq=seq,
+        steps=steps, block_steps=block_steps, precision=dtype, seed=seed, budget_seconds=budget, aa=True,
+        out=out, force=force, profile=False,
+    )
+    return _run(config)
+
+
+def _config(policy: Path | None, **options):
+    """CompareConfig from: defaults, then the policy file, then the options the user gave (None = not given)."""
     from e2eprof.config import CompareConfig
+    from e2eprof.policy import load_policy
+
+    values = load_policy(policy) if policy is not None else {}
+    values.update({k: v for k, v in options.items() if v is not None})
+    return CompareConfig(**values, policy=str(policy) if policy else None,
+                         command_line=shlex.join(["e2eprof", *sys.argv[1:]]))
+
+
+def _run(config) -> int:
     from e2eprof.console import ConsoleEvents, print_summary
     from e2eprof.runner import compare as run_compare
 
-    references = _split(reference)
-    config = CompareConfig(
-        model=model, patch=patch, workloads=_split(workload) or ("train", "infer", "generate"), device=device,
-        batch=batch, seq=seq, steps=steps, block_steps=block_steps, precision=dtype, new_tokens=new_tokens, seed=seed,
-        reference_arms=() if references == ("none",) else (references or ("sdpa",)), min_speedup=min_speedup,
-        out=out, force=force, profile=profile, trace=trace, command_line=shlex.join(["e2eprof", *sys.argv[1:]]),
-    )
     events = ConsoleEvents(err_console)
     try:
         report = run_compare(config, events=events)
@@ -70,6 +115,37 @@ def compare(
         events.close()
     print_summary(out_console, report.summary, report.verdicts, report.run_dir)
     return report.exit_code
+
+
+@app.command("diff")
+def diff(
+    run_a: Annotated[Path, typer.Argument(metavar="RUN_A", help="Earlier report directory (the reference).")],
+    run_b: Annotated[Path, typer.Argument(metavar="RUN_B", help="Later report directory of the same comparison.")],
+    out: Annotated[Optional[Path], typer.Option(help="Where to write diff.parquet and diff.md (default RUN_B/diff-vs-<RUN_A name>/).")] = None,
+    min_change: Annotated[float, typer.Option(help="A change counts when its whole interval is beyond this fraction (0.01 = 1%).")] = 0.01,
+    metric: Annotated[str, typer.Option(help="wall (host wall time per step) or device (CUDA-event time).")] = "wall",
+    allow_different: Annotated[bool, typer.Option(help="Diff runs of different comparisons anyway (the differences become flags).")] = False,
+) -> int:
+    """Compare two runs of the same comparison (e.g. before/after a driver or kernel change). Exit 1 if anything got worse."""
+    from e2eprof.rundiff import DiffConfig, diff_runs, print_diff
+
+    result = diff_runs(DiffConfig(run_a=run_a, run_b=run_b, out=out, min_change=min_change, metric=metric,
+                                  allow_different=allow_different))
+    print_diff(out_console, result)
+    return result.exit_code
+
+
+@app.command("report")
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="Report directory written by `e2eprof compare`.")],
+    out: Annotated[Optional[Path], typer.Option(help="HTML file to write (default RUN_DIR/report.html); the markdown summary goes beside it as .md.")] = None,
+) -> int:
+    """Render RUN_DIR's Parquet tables as one self-contained HTML page and a markdown summary (nothing is re-run)."""
+    from e2eprof.render import render_report
+
+    written = render_report(run_dir, html_path=out)
+    out_console.print(f"report: {written.html}\nsummary: {written.markdown}", soft_wrap=True)
+    return 0
 
 
 @app.command("list")
