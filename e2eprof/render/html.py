@@ -78,7 +78,7 @@ def _verdict_section(run: t.RunTables) -> str:
         parts.append(f'<p class="warning">This run is marked <b>{escape(status)}</b>'
                      + ("" if t.missing(failure) else f": {escape(str(failure))}") + "; its tables may be partial.</p>")
     if not verdicts:
-        parts.append(_note(f"Verdicts: {t.NOT_RECORDED} (no summary.parquet with a patched row)."))
+        parts.append(_note(f"Verdicts: {t.NOT_RECORDED} (no summary.parquet with a signed verdict)."))
         return "".join(parts) + "</section>"
     worst, code = t.overall_verdict(run, verdicts)
     listing = ", ".join(f"{w.workload} {w.verdict}" for w in verdicts)
@@ -90,7 +90,7 @@ def _verdict_section(run: t.RunTables) -> str:
         advice = f'<div class="advice">{escape(w.advice)}</div>' if w.advice else ""
         parts.append(f'<div class="card fg-{escape(w.verdict)}"><div class="wl">{escape(w.workload)}</div>'
                      f'<div class="verdict">{escape(w.verdict)}</div><div>{codes}</div>'
-                     f'<div class="advice">patched vs baseline: {escape(w.speedup)} ({escape(ci)})</div>{advice}</div>')
+                     f'<div class="advice">{escape(w.arm)} vs baseline: {escape(w.speedup)} ({escape(ci)})</div>{advice}</div>')
     parts.append("</div>")
     seen = list(dict.fromkeys(r for w in verdicts for r in w.reasons))
     glossary = "".join(f"<li><b>{escape(r)}</b>: {escape(t.REASON_MEANING[r])}</li>" for r in seen if r in t.REASON_MEANING)
@@ -104,7 +104,7 @@ def _speedup_section(run: t.RunTables) -> str:
     if run.get("summary") is None:
         return "".join(parts) + _note(f"Summary: {t.NOT_RECORDED}.") + "</section>"
     parts.append(_note("Host wall time per warm step. A ratio above 1 means the row's arm is faster than the "
-                       "column's; 'vs <arm>' columns compare the patched arm with each stock reference arm."))
+                       "column's; 'vs <arm>' columns compare the arm under test with each stock reference arm."))
     for workload in t.workloads(run):
         if (run.get("summary")["workload"] == workload).any():
             parts.append(f"<h3>{escape(workload)}</h3>{_table(t.speedup_table(run, workload))}")

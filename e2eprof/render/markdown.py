@@ -31,7 +31,8 @@ def _verdict(run: t.RunTables) -> list[str]:
     ci = t.confidence_label(run)
     rows = [[w.workload, f"**{w.verdict}**", ", ".join(w.reasons), w.speedup, w.advice] for w in verdicts]
     show_advice = any(w.advice for w in verdicts)
-    columns = ["workload", "verdict", "reasons", f"patched vs baseline [{ci}]", *(["advice"] if show_advice else [])]
+    tested = " / ".join(dict.fromkeys(w.arm for w in verdicts))
+    columns = ["workload", "verdict", "reasons", f"{tested} vs baseline [{ci}]", *(["advice"] if show_advice else [])]
     out += [_table(t.Table(columns, [r if show_advice else r[:-1] for r in rows], numeric={3})), ""]
     seen = list(dict.fromkeys(r for w in verdicts for r in w.reasons))
     out += [f"- `{r}`: {t.REASON_MEANING[r]}" for r in seen if r in t.REASON_MEANING]

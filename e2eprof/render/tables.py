@@ -35,6 +35,10 @@ REASON_MEANING = {
     v.CLOCK_IMBALANCE: "arms ran at SM clocks more than 2% apart",
     v.THERMAL_IMBALANCE: "arms ran at GPU temperatures more than 5 C apart",
     v.THROTTLED: "some steps were throttled",
+    # Literals, not constants: these codes are newer than some report directories a reader may render.
+    "NOT_SIGNIFICANT_AFTER_CORRECTION": "the interval excludes 1, but the rank test is not significant once every "
+                                        "workload of the run is counted",
+    "AA_FALSE_ALARM": "A/A run: two identical stock arms came out different, so this machine's timings cannot be trusted",
 }
 
 
@@ -139,26 +143,28 @@ def fmt_time(unix_ns) -> str:
 @dataclass
 class WorkloadVerdict:
     workload: str
+    arm: str  # the arm under test: patched, or the second baseline of an A/A run
     verdict: str
     reasons: list[str]
-    speedup: str  # patched vs baseline with its interval
+    speedup: str  # that arm vs baseline, with its interval
     advice: str = ""
 
 
 def workload_verdicts(run: RunTables) -> list[WorkloadVerdict]:
-    """The verdict compare signed for each workload (stored on the summary's patched row)."""
+    """The verdict compare signed for each workload, stored on the row of the arm under test."""
     summary = run.get("summary")
-    if summary is None:
+    if summary is None or "verdict" not in summary:
         return []
     out = []
     for workload, rows in summary.groupby("workload", sort=False):
-        patched = rows[rows["arm"] == "patched"]
-        if not len(patched) or missing(patched.iloc[0].get("verdict")):
+        signed = rows[rows["verdict"].notna()]
+        if not len(signed):
             continue
-        row = patched.iloc[0]
+        patched = signed[signed["arm"] == "patched"]
+        row = (patched if len(patched) else signed).iloc[0]
         reasons = [r for r in str(row.get("reasons") or "").split(",") if r]
         advice = "" if missing(row.get("advice")) else str(row.get("advice"))
-        out.append(WorkloadVerdict(str(workload), str(row["verdict"]), reasons,
+        out.append(WorkloadVerdict(str(workload), str(row["arm"]), str(row["verdict"]), reasons,
                                    fmt_ratio(row.get("speedup_vs_baseline"), row.get("ci_low"), row.get("ci_high")), advice))
     return out
 
@@ -179,9 +185,11 @@ def overall_verdict(run: RunTables, verdicts: list[WorkloadVerdict]) -> tuple[st
 
 def reference_arms(summary: pd.DataFrame) -> list[str]:
     """Stock reference arms the patched arm is compared against: each `speedup_vs_<arm>` with `<arm>_ci_low`
-    beside it, except baseline (whose interval columns are plain ci_low/ci_high)."""
+    beside it, except baseline (whose interval columns are plain ci_low/ci_high). A column with no value at all
+    is left out: write_table adds the sdpa columns to every summary, also to runs without an sdpa arm."""
     found = [m.group(1) for c in summary.columns if (m := re.fullmatch(r"speedup_vs_(\w+)", c))]
-    return [arm for arm in found if arm != "baseline" and f"{arm}_ci_low" in summary.columns]
+    return [arm for arm in found if arm != "baseline" and f"{arm}_ci_low" in summary.columns
+            and summary[f"speedup_vs_{arm}"].notna().any()]
 
 
 def confidence_label(run: RunTables) -> str:

@@ -132,8 +132,10 @@ def test_first_h200_run_without_telemetry_or_profiles(tmp_path):
     assert_self_contained(html)
 
 
-def synthetic_run(run_dir: Path, *, arms=("baseline", "patched", "sdpa", "compile")) -> None:
-    """Two workloads, a `compile` reference arm beside sdpa, no telemetry/profile tables, one failed check."""
+def synthetic_run(run_dir: Path, *, arms=("baseline", "patched", "sdpa", "compile"), candidate="patched") -> None:
+    """Two workloads, a `compile` reference arm beside sdpa, no telemetry/profile tables, one failed check.
+
+    `candidate` is the arm whose summary row carries the verdict (the second baseline in an A/A run)."""
     config = {"model": "gpt2-tiny", "patch": "fastsoftmax", "confidence": 0.9, "workloads": ["train", "infer"]}
     write_table(run_dir, "run", [{
         "run_id": "synthetic01", "schema_version": 1, "status": "complete", "command_line": "e2eprof compare",
@@ -143,7 +145,7 @@ def synthetic_run(run_dir: Path, *, arms=("baseline", "patched", "sdpa", "compil
         "ended_unix_ns": 1_796_000_060_000_000_000, "telemetry_available": False,
         "telemetry_unavailable_reason": "no CUDA device (device is 'cpu')"}])
     steps, summary = [], []
-    median = {"baseline": 20.0, "patched": 18.0, "sdpa": 15.0, "compile": 12.5}
+    median = {"baseline": 20.0, "patched": 18.0, "sdpa": 15.0, "compile": 12.5, "baseline-aa": 19.0}
     for w, workload in enumerate(("train", "infer")):
         for i, arm in enumerate(arms):
             for step in range(8):
@@ -152,14 +154,14 @@ def synthetic_run(run_dir: Path, *, arms=("baseline", "patched", "sdpa", "compil
                 steps.append({"workload": workload, "arm": arm, "block": step // 2, "step": step, "phase": "warm",
                               "wall_ns": wall, "start_unix_ns": start, "end_unix_ns": start + wall})
             row = {"workload": workload, "arm": arm, "n": 8, "median_ms": median[arm] + 1, "p10_ms": median[arm],
-                   "p90_ms": median[arm] + 2, "cold_ms": 250.0, "correct": not (workload == "infer" and arm == "patched"),
+                   "p90_ms": median[arm] + 2, "cold_ms": 250.0, "correct": not (workload == "infer" and arm == candidate),
                    "speedup_vs_baseline": 1.0 if arm == "baseline" else median["baseline"] / median[arm],
                    "ci_low": math.nan if arm == "baseline" else 1.01, "ci_high": math.nan if arm == "baseline" else 1.3}
-            for ref in ("sdpa", "compile"):
-                mine = arm == "patched"
-                row |= {f"speedup_vs_{ref}": median[ref] / median["patched"] if mine else math.nan,
+            for ref in [a for a in ("sdpa", "compile") if a in arms]:
+                mine = arm == candidate
+                row |= {f"speedup_vs_{ref}": median[ref] / median[candidate] if mine else math.nan,
                         f"{ref}_ci_low": 0.61 if mine else math.nan, f"{ref}_ci_high": 0.88 if mine else math.nan}
-            if arm == "patched":
+            if arm == candidate:
                 row |= {"verdict": "PASS" if workload == "train" else "FAIL",
                         "reasons": "FASTER" if workload == "train" else "INCORRECT"}
             summary.append(row)
@@ -167,7 +169,7 @@ def synthetic_run(run_dir: Path, *, arms=("baseline", "patched", "sdpa", "compil
     write_table(run_dir, "summary", summary)
     checks = [{"workload": w, "arm": a, "tensor": "logits", "metric": "rel_error_vs_fp64", "value": 1e-3,
                "tolerance": 2e-3, "passed": True, "detail": ""} for w in ("train", "infer") for a in arms]
-    checks.append({"workload": "infer", "arm": "patched", "tensor": "loss", "metric": "rel_error_vs_fp64",
+    checks.append({"workload": "infer", "arm": candidate, "tensor": "loss", "metric": "rel_error_vs_fp64",
                    "value": 0.5, "tolerance": 2e-3, "passed": False, "detail": "planted failure"})
     write_table(run_dir, "correctness", checks)
 
@@ -194,6 +196,16 @@ def test_synthetic_run_with_a_second_reference_arm(tmp_path):
         assert f"{section}: {NOT_RECORDED}" in html
     assert len(embedded_pngs(html)) == 2
     assert_self_contained(html)
+
+
+def test_verdict_of_an_aa_run_sits_on_the_second_baseline(tmp_path):
+    run_dir = tmp_path / "aa"
+    synthetic_run(run_dir, arms=("baseline", "baseline-aa"), candidate="baseline-aa")
+    html, md = render(run_dir)
+    assert verdict_cards(html) == {"train": "PASS", "infer": "FAIL"}
+    assert f"baseline-aa vs baseline: {interval(20.0 / 19.0, 1.01, 1.3)}" in html
+    assert "| workload | verdict | reasons | baseline-aa vs baseline [90% CI] |" in md
+    assert "vs sdpa" not in html
 
 
 def test_run_that_failed_before_any_table_but_run(tmp_path):
