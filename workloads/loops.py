@@ -11,6 +11,10 @@ Precision strings:
   bf16  torch.autocast(device_type, torch.bfloat16) around forward and loss, fp32 weights (standard mixed precision).
   fp16  as bf16 with torch.float16; training scales the loss with torch.amp.GradScaler.
   fp64  no autocast; the caller has converted the model with .double(). Used for the reference run.
+
+Objectives (models.objective): causal LMs (GPT-2, Llama) train on next-token loss with labels=input_ids and run all
+three workloads. Encoders (BERT) train on a masked-LM loss: a fixed 15% of each row's positions is replaced by the
+mask token and only those positions are labelled; `infer` is the masked-LM forward; they cannot `generate`.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ import contextlib
 import difflib
 import inspect
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import torch
+
+from .models import ModelSource, max_positions, objective
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -30,6 +36,27 @@ _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # capture keeps at most this many logits (16 MiB in fp32): whole vocabulary rows of the first sequence, at evenly
 # spaced positions, see logit_positions. Full logits of a GPT-2 batch are gigabytes.
 MAX_CAPTURED_LOGITS = 4 * 1024 * 1024
+
+# Masked-LM batches: BERT's masking rate. Every masked position gets the mask token (BERT's 80/10/10 replacement
+# changes only token values, which no kernel's cost depends on), and the positions are the same for every batch of a
+# shape and in every process, so all arms compute the same loss.
+MLM_MASK_FRACTION = 0.15
+MLM_MASK_SEED = 0
+BERT_MASK_TOKEN_ID = 103  # [MASK] in BERT's WordPiece vocabularies; used when the config names no mask token
+IGNORE_INDEX = -100  # label of an unmasked position: the loss skips it
+
+
+def mlm_mask(batch: int, seq: int) -> torch.Tensor:
+    """(batch, seq) bool: the positions a masked-LM step hides, max(1, round(0.15 * seq)) per row.
+
+    Drawn from a private generator with a fixed seed, so it is the same in every process and call.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(MLM_MASK_SEED)
+    n = max(1, round(MLM_MASK_FRACTION * seq))
+    mask = torch.zeros(batch, seq, dtype=torch.bool)
+    for row in mask:
+        row[torch.randperm(seq, generator=gen)[:n]] = True
+    return mask
 
 
 def logit_positions(seq_len: int, vocab_size: int) -> torch.Tensor:
@@ -54,6 +81,7 @@ class Workload:
 
     name: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
+    objectives: ClassVar[tuple[str, ...]] = ("causal-lm", "masked-lm")  # models.objective values it can run
 
     def __init__(self, model: torch.nn.Module, device: torch.device | str, precision: str, **options: Any):
         if precision not in PRECISIONS:
@@ -65,10 +93,16 @@ class Workload:
             raise ValueError(f"workload {self.name!r} has no option {unknown[0]!r}"
                              f"{_did_you_mean(unknown[0], self.defaults)}; its options: {known}")
         _check_weight_dtype(model, precision)
+        config = getattr(model, "config", None)
+        self.objective = objective(getattr(config, "model_type", ""))
+        if self.objective not in self.objectives:
+            raise ValueError(f"workload {self.name!r} needs a causal LM; a {config.model_type!r} model is an encoder "
+                             f"(it runs {', '.join(supported_workloads(config.model_type))})")
         self.options: dict[str, Any] = {**self.defaults, **options}
         self.device = torch.device(device)
         self.precision = precision
         self.model = model.to(self.device)
+        self._masks: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}  # shape -> device (mask, ~mask)
 
     def step(self, host_batch: torch.Tensor) -> dict[str, float]:
         """Run one real step on a host (B, T) int64 batch; return extra metrics (may be empty)."""
@@ -87,6 +121,25 @@ class Workload:
     def _to_device(self, host_batch: torch.Tensor) -> torch.Tensor:
         # non_blocking: from pinned memory this is an async DMA the real loop overlaps with queued work.
         return host_batch.to(self.device, non_blocking=True)
+
+    def _model_inputs(self, ids: torch.Tensor, labels: bool) -> dict[str, torch.Tensor | bool]:
+        """Forward keyword arguments for the model's objective, with labels or without."""
+        if self.objective == "masked-lm":
+            mask, keep = self._mask_for(ids.shape)
+            inputs: dict[str, Any] = {"input_ids": ids.masked_fill(mask, _mask_token_id(self.model.config))}
+            if labels:
+                inputs["labels"] = ids.masked_fill(keep, IGNORE_INDEX)
+            return inputs
+        # labels=input_ids: the model shifts them internally. No KV cache: nothing here reads it.
+        return {"input_ids": ids, "labels": ids, "use_cache": False} if labels else {"input_ids": ids, "use_cache": False}
+
+    def _mask_for(self, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+        # Moved to the device once per shape, like a tokenizer's constants; applying it is two elementwise ops.
+        key = tuple(shape)
+        if key not in self._masks:
+            mask = mlm_mask(*key).to(self.device)  # (B, T)
+            self._masks[key] = (mask, ~mask)
+        return self._masks[key]
 
     def _out(self, t: torch.Tensor) -> torch.Tensor:
         """A captured value: detached, on the CPU, float64 for the fp64 reference and float32 otherwise."""
@@ -116,7 +169,9 @@ class TrainWorkload(Workload):
     def __init__(self, model: torch.nn.Module, device: torch.device | str, precision: str, **options: Any):
         super().__init__(model, device, precision, **options)
         self.model.train()
-        self.params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        # torch.compile's wrapper prefixes every name with "_orig_mod."; strip it so a compiled arm's gradients
+        # carry the same keys as every other arm's.
+        self.params = [(n.removeprefix("_orig_mod."), p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW([p for _, p in self.params], lr=self.options["lr"])
         # Disabled (an identity) unless fp16, so every precision goes through one code path.
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
@@ -126,8 +181,7 @@ class TrainWorkload(Workload):
         self.optimizer.zero_grad(set_to_none=True)
         ids = self._to_device(host_batch)  # (B, T)
         with self._autocast():
-            # labels=input_ids: the model shifts them internally. No KV cache: training never reads it.
-            loss = self.model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss = self.model(**self._model_inputs(ids, labels=True)).loss
         self.scaler.scale(loss).backward()  # backward outside autocast, as the autocast docs prescribe
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -143,7 +197,7 @@ class TrainWorkload(Workload):
             with _eval_mode(self.model):
                 ids = self._to_device(host_batch)  # (B, T)
                 with self._autocast():
-                    out = self.model(input_ids=ids, labels=ids, use_cache=False)
+                    out = self.model(**self._model_inputs(ids, labels=True))
                 # fp16: scale like the training step does, or small gradients flush to zero in half precision.
                 scale = float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
                 (out.loss * scale).backward()
@@ -171,16 +225,16 @@ class InferWorkload(Workload):
         """One forward; the logits stay on the device, nothing synchronizes."""
         ids = self._to_device(host_batch)  # (B, T)
         with torch.no_grad(), self._autocast():
-            # use_cache=False: the forward scores the full sequence and a cache would be thrown away.
-            self.model(input_ids=ids, use_cache=False)
+            # Causal LMs: use_cache=False, the forward scores the full sequence and a cache would be thrown away.
+            self.model(**self._model_inputs(ids, labels=False))
         return {}
 
     def capture(self, host_batch: torch.Tensor) -> dict[str, torch.Tensor]:
-        """{"logits": (R, V) rows (see logit_positions), "loss": scalar next-token loss with labels=input_ids}."""
+        """{"logits": (R, V) rows (see logit_positions), "loss": scalar loss of the model's objective}."""
         with torch.no_grad(), _eval_mode(self.model):
             ids = self._to_device(host_batch)  # (B, T)
             with self._autocast():
-                out = self.model(input_ids=ids, labels=ids, use_cache=False)
+                out = self.model(**self._model_inputs(ids, labels=True))
             return {"logits": self._logits_out(out.logits), "loss": self._out(out.loss)}
 
 
@@ -194,6 +248,7 @@ class GenerateWorkload(Workload):
 
     name = "generate"
     defaults = {"new_tokens": 16}
+    objectives = ("causal-lm",)  # an encoder has no next-token head to decode with
 
     def __init__(self, model: torch.nn.Module, device: torch.device | str, precision: str, **options: Any):
         super().__init__(model, device, precision, **options)
@@ -253,6 +308,26 @@ class GenerateWorkload(Workload):
 WORKLOADS: dict[str, type[Workload]] = {"train": TrainWorkload, "infer": InferWorkload, "generate": GenerateWorkload}
 
 
+def supported_workloads(architecture: str) -> tuple[str, ...]:
+    """Names of the workloads a model of this `model_type` can run (all three for causal LMs)."""
+    return tuple(name for name, cls in WORKLOADS.items() if objective(architecture) in cls.objectives)
+
+
+def check_workloads(source: ModelSource, workloads: Sequence[str], seq: int) -> None:
+    """Raise ValueError (one line, naming the option) if the model cannot run `workloads` on `seq`-token batches.
+
+    Cheap (configs only, no weights), so a run can refuse before it starts any worker.
+    """
+    supported = supported_workloads(source.architecture)
+    unsupported = [w for w in workloads if w not in supported]
+    if unsupported:
+        raise ValueError(f"--workload: {source.name!r} is an encoder ({source.architecture}, masked-LM objective) and "
+                         f"runs {', '.join(supported)}; {', '.join(unsupported)} needs a causal LM")
+    limit = max_positions(source)
+    if limit is not None and seq > limit:
+        raise ValueError(f"--seq: {seq} tokens is more than {source.name!r} has positions for ({limit})")
+
+
 def make_workload(name: str, model: torch.nn.Module, device: torch.device | str, precision: str,
                   **options: Any) -> Workload:
     """Construct the workload registered under `name`; unknown names raise ValueError with a close match."""
@@ -271,6 +346,14 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
     finally:
         for m, was_training in flags:
             m.training = was_training
+
+
+def _mask_token_id(config: Any) -> int:
+    token = getattr(config, "mask_token_id", None)
+    if token is not None:
+        return int(token)
+    # Synthetic ids make any id an equally good mask token; keep BERT's when the vocabulary has it.
+    return BERT_MASK_TOKEN_ID if config.vocab_size > BERT_MASK_TOKEN_ID else config.vocab_size - 1
 
 
 def _check_weight_dtype(model: torch.nn.Module, precision: str) -> None:

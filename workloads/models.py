@@ -18,16 +18,42 @@ from typing import Any, Literal
 
 import torch
 
-# Keyword arguments for transformers.GPT2Config. Anything not listed keeps GPT2Config's default
-# (dropout 0.1, layer_norm_epsilon 1e-5, activation gelu_new, tied embeddings, ...).
+# Keyword arguments for transformers.AutoConfig.for_model: model_type picks the config class, anything not listed
+# keeps that class's default (GPT-2: dropout 0.1, layer_norm_epsilon 1e-5, gelu_new, tied embeddings; Llama: silu,
+# rope theta 10000, untied LM head; BERT: gelu, dropout 0.1, 2 token types). Parameter counts are of the model class
+# that build_model uses (causal LM, or masked LM for encoders), tied weights counted once.
 PRESETS: dict[str, dict[str, Any]] = {
-    "gpt2": dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257),  # 124.4M params
-    "gpt2-medium": dict(n_layer=24, n_embd=1024, n_head=16, n_positions=1024, vocab_size=50257),  # 354.8M params
+    "gpt2": dict(model_type="gpt2", n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257),  # 124.4M
+    "gpt2-medium": dict(model_type="gpt2", n_layer=24, n_embd=1024, n_head=16, n_positions=1024,
+                        vocab_size=50257),  # 354.8M params
     # For tests. bos/eos default to 50256, outside a 512-token vocabulary; transformers warns about that, so move them.
-    "gpt2-tiny": dict(
-        n_layer=2, n_embd=64, n_head=4, n_positions=256, vocab_size=512, bos_token_id=511, eos_token_id=511
-    ),
+    "gpt2-tiny": dict(model_type="gpt2", n_layer=2, n_embd=64, n_head=4, n_positions=256, vocab_size=512,
+                      bos_token_id=511, eos_token_id=511),
+    # TinyLlama-1.1B's shape: 22 layers, grouped-query attention (32 query heads share 4 key/value heads).
+    # 1,100,048,384 params, TinyLlama's count.
+    "llama-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                     num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048, vocab_size=32000,
+                     rms_norm_eps=1e-5),
+    # For tests: same family, grouped-query attention kept (4 query heads, 2 key/value heads). 158,016 params.
+    "llama-tiny": dict(model_type="llama", hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, vocab_size=512,
+                       rms_norm_eps=1e-5),
+    # BERT-base (uncased vocabulary size) with its masked-LM head. 109,514,298 params.
+    "bert-base": dict(model_type="bert", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                      intermediate_size=3072, max_position_embeddings=512, vocab_size=30522),
+    # For tests: same family. 154,176 params.
+    "bert-tiny": dict(model_type="bert", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=256, max_position_embeddings=256, vocab_size=512),
 }
+
+# Encoder-only families: built with their masked-LM head and measured with a masked-LM objective (see loops.py);
+# they have no causal LM, so no generate workload. Every other family is measured as a causal LM.
+ENCODER_ARCHITECTURES = ("bert",)
+
+
+def objective(architecture: str) -> Literal["causal-lm", "masked-lm"]:
+    """The training objective a model of this `model_type` is measured with."""
+    return "masked-lm" if architecture in ENCODER_ARCHITECTURES else "causal-lm"
 
 
 class ModelLoadError(ValueError):
@@ -48,11 +74,13 @@ def resolve_model(name_or_path: str) -> ModelSource:
     """Validate a preset name or a local model folder without loading any weights.
 
     An exact preset name wins over a same-named folder in the working directory; pass "./gpt2" for the folder.
-    A folder must hold config.json (a JSON object with a model_type that transformers has a causal-LM class for)
-    and at least one *.safetensors file. Raises ModelLoadError naming what is missing.
+    A folder must hold config.json (a JSON object with a model_type that transformers has a causal-LM class for,
+    or a masked-LM class for encoder families) and at least one *.safetensors file. Raises ModelLoadError naming
+    what is missing.
     """
     if name_or_path in PRESETS:
-        return ModelSource(kind="preset", name=name_or_path, path=None, architecture="gpt2")
+        return ModelSource(kind="preset", name=name_or_path, path=None,
+                           architecture=PRESETS[name_or_path]["model_type"])
     path = Path(name_or_path).expanduser()
     if not _looks_like_path(name_or_path) and not path.exists():
         raise ModelLoadError(_unknown_model_message(name_or_path))
@@ -69,22 +97,23 @@ def build_model(source: ModelSource, *, attn_implementation: str, seed: int) -> 
     if "/" in attn_implementation:
         # transformers treats "org/repo" as a kernel to fetch from the Hub; we never download.
         raise ModelLoadError(f"attn_implementation {attn_implementation!r} names a Hub kernel; downloads are disabled")
-    from transformers import AutoModelForCausalLM, GPT2Config
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
+    auto_class = AutoModelForMaskedLM if objective(source.architecture) == "masked-lm" else AutoModelForCausalLM
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
             if source.kind == "preset":
                 # A fresh config per build: from_config stores the config object on the model and writes
                 # _attn_implementation into it, so a shared config would switch an earlier model's attention too.
-                config = GPT2Config(**PRESETS[source.name])
-                model = AutoModelForCausalLM.from_config(
+                config = AutoConfig.for_model(**PRESETS[source.name])
+                model = auto_class.from_config(
                     config, attn_implementation=attn_implementation, dtype=torch.float32
                 )
             else:
                 # transformers 5.x: `dtype` (torch_dtype is deprecated). Without it the default is "auto",
                 # i.e. whatever dtype the checkpoint was saved in.
-                model, info = AutoModelForCausalLM.from_pretrained(
+                model, info = auto_class.from_pretrained(
                     source.path,
                     local_files_only=True,
                     use_safetensors=True,
@@ -97,7 +126,9 @@ def build_model(source: ModelSource, *, attn_implementation: str, seed: int) -> 
                     # transformers would silently fill these with random values; measuring that is not measuring
                     # the checkpoint.
                     shown = ", ".join(missing[:3]) + (f" (+{len(missing) - 3} more)" if len(missing) > 3 else "")
-                    raise ModelLoadError(f"weights in {source.path!r} do not cover the model; missing: {shown}")
+                    hint = (f" ({source.architecture} is measured with its masked-LM head, which a bare encoder "
+                            f"checkpoint lacks)" if auto_class is AutoModelForMaskedLM else "")
+                    raise ModelLoadError(f"weights in {source.path!r} do not cover the model; missing: {shown}{hint}")
         except (ValueError, ImportError, OSError) as e:
             if isinstance(e, ModelLoadError):
                 raise
@@ -161,10 +192,30 @@ def _resolve_folder(path: Path) -> ModelSource:
         raise ModelLoadError(f"model folder {str(path)!r} has no *.safetensors weights{found}")
 
     architecture = config["model_type"]
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
 
-    if architecture not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    kind, mapping = (("masked-LM", MODEL_FOR_MASKED_LM_MAPPING_NAMES) if objective(architecture) == "masked-lm"
+                     else ("causal-LM", MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+    if architecture not in mapping:
         # Remote-code models (auto_map) land here too: we never run code shipped inside a model folder.
-        raise ModelLoadError(f"model_type {architecture!r} in {str(config_file)!r} has no causal-LM class in "
+        raise ModelLoadError(f"model_type {architecture!r} in {str(config_file)!r} has no {kind} class in "
                              f"this transformers version")
     return ModelSource(kind="folder", name=path.name, path=str(path), architecture=architecture)
+
+
+def max_positions(source: ModelSource) -> int | None:
+    """Longest sequence the model's position table covers (None if the config names none), without any weights.
+
+    Read from the config alone, so a run can refuse a too-long --seq before it spawns workers.
+    """
+    from transformers import AutoConfig
+
+    if source.kind == "preset":
+        config = AutoConfig.for_model(**PRESETS[source.name])
+    else:
+        config = AutoConfig.from_pretrained(source.path, local_files_only=True)
+    # GPT2Config maps max_position_embeddings onto n_positions through its attribute_map.
+    return getattr(config, "max_position_embeddings", None)
