@@ -124,7 +124,8 @@ def summarize(steps: list[dict], correctness: list[dict], config: CompareConfig,
         placed = False
         for row in rows:
             if row["workload"] == workload and row["arm"] == candidate:
-                row.update(verdict=verdict.verdict, reasons=",".join(verdict.reasons), mw_p_adjusted=info["p_adjusted"],
+                row.update(verdict=verdict.verdict, reasons=",".join(verdict.reasons), advice=verdict.advice,
+                           mw_p_adjusted=info["p_adjusted"],
                            correction=config.correction)
                 placed = True
         if not placed:
