@@ -304,3 +304,23 @@ def test_patch_refuses_gpt2_and_names_what_it_is():
         apply_patch(PATCH, gpt2)
     assert "'gpt2'" in str(info.value)
     assert not any(type(m) is FusedLlamaRMSNorm for m in gpt2.modules())
+
+
+def test_passthrough_counts_stock_norms_without_replacing_them(llama):
+    # What a stock arm's profiling phase installs: the replaced region is measured in every arm.
+    ids = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        expected = llama(input_ids=ids).logits
+    before = IMPL_CALLS.copy()
+    applied = apply_patch(PATCH, llama, passthrough=True)
+    try:
+        with torch.no_grad():
+            logits = llama(input_ids=ids).logits
+        assert applied.calls == 5 and applied.n_sites == 5
+        assert not any(type(m) is FusedLlamaRMSNorm for m in llama.modules())
+        assert modeling_llama.LlamaRMSNorm is not FusedLlamaRMSNorm
+    finally:
+        applied.revert()
+    assert IMPL_CALLS == before  # the kernel never ran
+    torch.testing.assert_close(logits, expected, rtol=0, atol=0)
+    assert not any("forward" in vars(m) for m in llama.modules())
