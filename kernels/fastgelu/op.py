@@ -1,0 +1,180 @@
+"""Named custom ops `e2eprof::fastgelu` and `e2eprof::fastgelu_backward`, with dispatch and autograd.
+
+Named ops (not a bare autograd.Function) so profiler traces, opcheck and torch.compile see one opaque op per call.
+Dispatch: CUDA tensors run the Triton kernels; CPU tensors run cpu.py unless E2EPROF_FASTGELU_IMPL=triton forces
+the Triton kernels (meaningful only under TRITON_INTERPRET=1; used by tests). There is deliberately no fallback to
+the stock GELU: a patch that silently runs the stock op is exactly what e2eprof must catch, so a missing
+implementation raises instead. IMPL_CALLS counts which implementation ran, for the report.
+
+Layout: the output has the strides the stock elementwise chain would give (torch.empty_like's: a dense input keeps
+its strides, any other input gets a dense layout in the same dimension order), because e2eprof's op check compares
+strides. Both implementations work on that layout's memory as one flat array.
+"""
+
+import collections
+import os
+from typing import Optional
+
+import torch
+
+from . import cpu
+
+try:
+    import triton  # noqa: F401  (only probed here; the kernels are imported on first use, see _triton_kernels)
+
+    TRITON_AVAILABLE = True
+except ImportError:
+    TRITON_AVAILABLE = False
+
+IMPL_ENV = "E2EPROF_FASTGELU_IMPL"
+
+# Keys "triton.fwd", "triton.bwd", "cpu.fwd", "cpu.bwd": one per call that reached an implementation
+# (empty inputs included: the implementation is chosen and called, it just launches nothing).
+IMPL_CALLS: collections.Counter = collections.Counter()
+
+
+def _triton_kernels():
+    # Imported lazily: the module imports triton at top level, and @triton.jit decides at decoration time whether
+    # to build interpreted kernels, so TRITON_INTERPRET must already be set when this first runs.
+    from . import triton_kernels
+
+    return triton_kernels
+
+
+def _interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _choose_impl(t: torch.Tensor) -> str:
+    """Pick "triton" or "cpu" for tensor `t`, or raise: never a silent fallback to the stock op."""
+    if t.device.type == "cuda":
+        if not TRITON_AVAILABLE:
+            raise RuntimeError(
+                "e2eprof::fastgelu got a CUDA tensor but triton is not installed; refusing to fall back to the "
+                "stock GELU (install triton, or do not apply the fastgelu patch)"
+            )
+        return "triton"
+    if t.device.type != "cpu":
+        raise RuntimeError(f"e2eprof::fastgelu has no implementation for device {t.device}")
+    choice = os.environ.get(IMPL_ENV, "").strip().lower()
+    if choice in ("", "auto", "cpu"):
+        return "cpu"
+    if choice == "triton":
+        if not TRITON_AVAILABLE:
+            raise RuntimeError(f"{IMPL_ENV}=triton but triton is not installed")
+        if not _interpreter_on():
+            raise RuntimeError(
+                f"{IMPL_ENV}=triton on a CPU tensor needs TRITON_INTERPRET=1, set before triton is first imported"
+            )
+        return "triton"
+    raise ValueError(f"{IMPL_ENV} must be 'cpu', 'triton' or 'auto', got {choice!r}")
+
+
+def _check_float(name: str, dtype: torch.dtype) -> None:
+    if not dtype.is_floating_point:
+        raise TypeError(f"e2eprof::fastgelu: {name} must be a floating dtype, got {dtype}")
+
+
+def _stock_strides(t: torch.Tensor) -> tuple[int, ...]:
+    # What a new elementwise result of `t` looks like in memory (computed on the meta device: no allocation).
+    return torch.empty_like(t, device="meta").stride()
+
+
+def _flat_in(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
+    """`t`'s memory as a 1-D contiguous tensor in the dense layout `strides` (copies only if t is not already so)."""
+    if t.stride() != strides:
+        t = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
+    # Dense strides cover exactly numel consecutive elements from the storage offset, in memory order.
+    return t.as_strided((t.numel(),), (1,))
+
+
+@torch.library.custom_op("e2eprof::fastgelu", mutates_args=(), schema="(Tensor x, ScalarType? out_dtype) -> Tensor")
+def _fastgelu_op(x: torch.Tensor, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    _check_float("x", x.dtype)
+    _check_float("out_dtype", out_dtype)
+    impl = _choose_impl(x)
+    strides = _stock_strides(x)
+    x1d = _flat_in(x, strides)  # (N,)
+    if impl == "triton":
+        y1d = _triton_kernels().gelu_forward(x1d, out_dtype)
+    else:
+        y1d = cpu.gelu_forward(x1d, out_dtype)
+    IMPL_CALLS[f"{impl}.fwd"] += 1
+    return y1d.as_strided(x.shape, strides)
+
+
+@_fastgelu_op.register_fake
+def _fastgelu_fake(x: torch.Tensor, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    _check_float("x", x.dtype)
+    _check_float("out_dtype", out_dtype)
+    return torch.empty_like(x, dtype=out_dtype)
+
+
+@torch.library.custom_op(
+    "e2eprof::fastgelu_backward",
+    mutates_args=(),
+    schema="(Tensor grad_out, Tensor x, ScalarType dx_dtype) -> Tensor",
+)
+def _fastgelu_backward_op(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torch.dtype) -> torch.Tensor:
+    _check_backward_args(grad_out, x, dx_dtype)
+    impl = _choose_impl(x)
+    strides = _stock_strides(x)
+    dy1d = _flat_in(grad_out, strides)  # (N,)
+    x1d = _flat_in(x, strides)  # (N,)
+    if impl == "triton":
+        dx1d = _triton_kernels().gelu_backward(dy1d, x1d, dx_dtype)
+    else:
+        dx1d = cpu.gelu_backward(dy1d, x1d, dx_dtype)
+    IMPL_CALLS[f"{impl}.bwd"] += 1
+    return dx1d.as_strided(x.shape, strides)
+
+
+@_fastgelu_backward_op.register_fake
+def _fastgelu_backward_fake(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torch.dtype) -> torch.Tensor:
+    _check_backward_args(grad_out, x, dx_dtype)
+    return torch.empty_like(x, dtype=dx_dtype)
+
+
+def _check_backward_args(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torch.dtype) -> None:
+    if grad_out.shape != x.shape:
+        raise ValueError(f"grad_out {tuple(grad_out.shape)} and x {tuple(x.shape)} must have the same shape")
+    if grad_out.device != x.device:
+        raise ValueError(f"grad_out on {grad_out.device} but x on {x.device}")
+    _check_float("grad_out", grad_out.dtype)
+    _check_float("x", x.dtype)
+    _check_float("dx_dtype", dx_dtype)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, _out_dtype = inputs
+    # Backward recomputes GELU'(x) from x: saving x (not intermediates) is what keeps the activation memory at one
+    # tensor, where the stock chain keeps several.
+    ctx.save_for_backward(x)
+
+
+def _backward(ctx, grad_out):
+    (x,) = ctx.saved_tensors
+    return torch.ops.e2eprof.fastgelu_backward(grad_out, x, x.dtype), None
+
+
+_fastgelu_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fastgelu(x: torch.Tensor, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """GELU, tanh approximation (transformers' `gelu_new`), of `x`, written as `out_dtype` (default: x.dtype).
+
+    Calls `torch.ops.e2eprof.fastgelu`: reads x in its own dtype, computes in fp32 (fp64 for fp64 input on the CPU
+    implementation). Differentiable; the gradient has x's dtype. The result has the layout the stock op would give.
+    """
+    return torch.ops.e2eprof.fastgelu(x, out_dtype)
+
+
+def reference_gelu(x: torch.Tensor) -> torch.Tensor:
+    """Trusted fp64 reference: torch's own tanh-approximation GELU on x.double(), returned as float64.
+
+    torch.nn.functional.gelu(approximate="tanh") is an implementation independent of both ours and the transformers
+    chain being replaced, and the same formula. Differentiable, so it also gives fp64 reference gradients.
+    """
+    return torch.nn.functional.gelu(x.double(), approximate="tanh")

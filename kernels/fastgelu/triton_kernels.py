@@ -1,0 +1,114 @@
+"""Triton tanh-approximation GELU kernels and their launchers, on flat 1-D contiguous tensors.
+
+Why this exists: transformers' NewGELUActivation (GPT-2's `gelu_new`) is written as a chain of eager elementwise ops
+(pow, mul, add, mul, tanh, add, mul, mul); each one reads and writes the whole MLP activation (B, T, 4 * n_embd),
+and autograd saves most of the intermediates for backward. These kernels read x once and write y once (forward),
+read dy and x once and write dx once (backward), with fp32 math inside whatever the storage dtype.
+
+Each program handles BLOCK consecutive elements. The formula and its derivative are written as x * sigmoid(2u) with
+e = exp(-2|u|), which never overflows and never cancels; cpu.py's docstring derives them.
+
+This module imports triton at import time; import it only when triton is installed (see op.py). Under
+TRITON_INTERPRET=1 (set before triton is first imported) the kernels also run on CPU tensors, for tests.
+"""
+
+import contextlib
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+# Globals used inside @triton.jit must be constexpr.
+SQRT_2_OVER_PI = tl.constexpr(math.sqrt(2.0 / math.pi))
+CUBIC_COEFF = tl.constexpr(0.044715)
+
+# Elements per program: 1024 elements over 4 warps = 8 per thread, enough to keep loads in flight without spilling.
+ELEMENTS_PER_PROGRAM = 1024
+NUM_WARPS = 4
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# Kernel names start with "_gelu_fwd" / "_gelu_bwd": patch.py's kernel_names look for these prefixes in profiler
+# traces to prove the kernels ran. Rename both together.
+
+
+@triton.jit
+def _gelu_fwd_kernel(x_ptr, y_ptr, n_elements, BLOCK: tl.constexpr):
+    # int64 offsets: a (B, T, 4C) activation can exceed 2**31 elements.
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_elements
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # (BLOCK,)
+    u = SQRT_2_OVER_PI * (x + CUBIC_COEFF * x * x * x)
+    e = tl.exp(-2.0 * tl.abs(u))
+    s = tl.where(u >= 0, 1.0, e) / (1.0 + e)  # sigmoid(2u) = 0.5 * (1 + tanh(u))
+    tl.store(y_ptr + offs, (x * s).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gelu_bwd_kernel(dy_ptr, x_ptr, dx_ptr, n_elements, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_elements
+    dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # (BLOCK,)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # (BLOCK,)
+    u = SQRT_2_OVER_PI * (x + CUBIC_COEFF * x * x * x)
+    e = tl.exp(-2.0 * tl.abs(u))
+    inv = 1.0 / (1.0 + e)
+    s = tl.where(u >= 0, 1.0, e) * inv
+    du_dx = SQRT_2_OVER_PI * (1.0 + 3.0 * CUBIC_COEFF * x * x)
+    dydx = s + 2.0 * x * (e * inv * inv) * du_dx  # e/(1+e)^2 = s(1-s)
+    tl.store(dx_ptr + offs, (dy * dydx).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_1d(name: str, t: torch.Tensor) -> None:
+    if t.dim() != 1 or not t.is_contiguous():
+        raise ValueError(f"{name} must be a 1-D contiguous tensor, got shape {tuple(t.shape)} strides {t.stride()}")
+    if t.dtype not in KERNEL_DTYPES:
+        raise TypeError(f"{name}: Triton GELU supports {KERNEL_DTYPES}, got {t.dtype}")
+
+
+def _check_out_dtype(name: str, dtype: torch.dtype) -> None:
+    if dtype not in KERNEL_DTYPES:
+        raise TypeError(f"{name}: Triton GELU writes {KERNEL_DTYPES}, got {dtype}")
+
+
+def gelu_forward(x1d: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """GELU (tanh approximation) of a 1-D contiguous tensor, read in its own dtype, fp32 math, written as `out_dtype`.
+
+    Returns a new contiguous tensor; an empty input returns an empty output without a launch.
+    """
+    _check_1d("x1d", x1d)
+    _check_out_dtype("out_dtype", out_dtype)
+    n = x1d.numel()
+    y1d = torch.empty((n,), dtype=out_dtype, device=x1d.device)
+    if n == 0:
+        return y1d
+    with _device_of(x1d):
+        grid = (triton.cdiv(n, ELEMENTS_PER_PROGRAM),)
+        _gelu_fwd_kernel[grid](x1d, y1d, n, BLOCK=ELEMENTS_PER_PROGRAM, num_warps=NUM_WARPS)
+    return y1d
+
+
+def gelu_backward(dy1d: torch.Tensor, x1d: torch.Tensor, dx_dtype: torch.dtype) -> torch.Tensor:
+    """dx = dy * GELU'(x) for 1-D contiguous tensors of the same length (dtypes may differ), written as `dx_dtype`."""
+    _check_1d("dy1d", dy1d)
+    _check_1d("x1d", x1d)
+    _check_out_dtype("dx_dtype", dx_dtype)
+    if dy1d.shape != x1d.shape:
+        raise ValueError(f"dy1d {tuple(dy1d.shape)} and x1d {tuple(x1d.shape)} must have the same shape")
+    n = x1d.numel()
+    dx1d = torch.empty((n,), dtype=dx_dtype, device=x1d.device)
+    if n == 0:
+        return dx1d
+    with _device_of(x1d):
+        grid = (triton.cdiv(n, ELEMENTS_PER_PROGRAM),)
+        _gelu_bwd_kernel[grid](dy1d, x1d, dx1d, n, BLOCK=ELEMENTS_PER_PROGRAM, num_warps=NUM_WARPS)
+    return dx1d
+
+
+def _device_of(t: torch.Tensor):
+    # Triton launches on the current CUDA device; make it the tensor's so cuda:1 inputs work.
+    # CPU tensors (interpreter) need no guard.
+    if t.is_cuda:
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()

@@ -1,0 +1,248 @@
+"""Named custom ops `e2eprof::fastlayernorm` and `e2eprof::fastlayernorm_backward`, with dispatch and autograd.
+
+Named ops (not a bare autograd.Function) so profiler traces, opcheck and torch.compile see one opaque op per call.
+Dispatch: CUDA tensors run the Triton kernels; CPU tensors run cpu.py unless E2EPROF_FASTLAYERNORM_IMPL=triton
+forces the Triton kernels (meaningful only under TRITON_INTERPRET=1; used by tests). There is deliberately no
+fallback to torch's layer_norm: a patch that silently runs the stock op is exactly what e2eprof must catch, so a
+missing implementation raises instead. IMPL_CALLS counts which implementation ran, for the report.
+
+The forward op returns (y, mean, rstd) like aten::native_layer_norm, so backward reuses the statistics instead of
+re-reading x for them; mean and rstd are marked non-differentiable. Like torch's layer_norm, the output is
+contiguous whatever the input's layout.
+"""
+
+import collections
+import math
+import os
+from typing import Optional, Sequence
+
+import torch
+
+from . import cpu
+
+try:
+    import triton  # noqa: F401  (only probed here; the kernels are imported on first use, see _triton_kernels)
+
+    TRITON_AVAILABLE = True
+except ImportError:
+    TRITON_AVAILABLE = False
+
+IMPL_ENV = "E2EPROF_FASTLAYERNORM_IMPL"
+
+# Keys "triton.fwd", "triton.bwd", "cpu.fwd", "cpu.bwd": one per call that reached an implementation
+# (empty inputs included: the implementation is chosen and called, it just launches nothing).
+IMPL_CALLS: collections.Counter = collections.Counter()
+
+
+def _triton_kernels():
+    # Imported lazily: the module imports triton at top level, and @triton.jit decides at decoration time whether
+    # to build interpreted kernels, so TRITON_INTERPRET must already be set when this first runs.
+    from . import triton_kernels
+
+    return triton_kernels
+
+
+def _interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _choose_impl(t: torch.Tensor) -> str:
+    """Pick "triton" or "cpu" for tensor `t`, or raise: never a silent fallback to the stock op."""
+    if t.device.type == "cuda":
+        if not TRITON_AVAILABLE:
+            raise RuntimeError(
+                "e2eprof::fastlayernorm got a CUDA tensor but triton is not installed; refusing to fall back to "
+                "torch's layer_norm (install triton, or do not apply the fastlayernorm patch)"
+            )
+        return "triton"
+    if t.device.type != "cpu":
+        raise RuntimeError(f"e2eprof::fastlayernorm has no implementation for device {t.device}")
+    choice = os.environ.get(IMPL_ENV, "").strip().lower()
+    if choice in ("", "auto", "cpu"):
+        return "cpu"
+    if choice == "triton":
+        if not TRITON_AVAILABLE:
+            raise RuntimeError(f"{IMPL_ENV}=triton but triton is not installed")
+        if not _interpreter_on():
+            raise RuntimeError(
+                f"{IMPL_ENV}=triton on a CPU tensor needs TRITON_INTERPRET=1, set before triton is first imported"
+            )
+        return "triton"
+    raise ValueError(f"{IMPL_ENV} must be 'cpu', 'triton' or 'auto', got {choice!r}")
+
+
+def _check_float(name: str, dtype: torch.dtype) -> None:
+    if not dtype.is_floating_point:
+        raise TypeError(f"e2eprof::fastlayernorm: {name} must be a floating dtype, got {dtype}")
+
+
+def _rows_cols(x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
+               bias: Optional[torch.Tensor]) -> tuple[int, int]:
+    """Validate shapes as torch.layer_norm does; return (rows, cols) of x viewed as [rows, prod(normalized_shape)]."""
+    k = len(normalized_shape)
+    if k == 0 or x.dim() < k or tuple(x.shape[x.dim() - k:]) != tuple(normalized_shape):
+        raise ValueError(
+            f"e2eprof::fastlayernorm: normalized_shape {list(normalized_shape)} must be non-empty and match the last "
+            f"dims of x {list(x.shape)}"
+        )
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is None:
+            continue
+        if tuple(param.shape) != tuple(normalized_shape):
+            raise ValueError(f"e2eprof::fastlayernorm: {name} shape {list(param.shape)} != normalized_shape "
+                             f"{list(normalized_shape)}")
+        if param.device != x.device:
+            raise ValueError(f"e2eprof::fastlayernorm: {name} on {param.device} but x on {x.device}")
+        _check_float(name, param.dtype)
+    _check_float("x", x.dtype)
+    cols = math.prod(normalized_shape)
+    rows = math.prod(x.shape[: x.dim() - k])  # not numel // cols: cols may be 0
+    return rows, cols
+
+
+def _flat_param(param: Optional[torch.Tensor], cols: int) -> Optional[torch.Tensor]:
+    return None if param is None else param.contiguous().reshape(cols)  # (C,)
+
+
+def _stats_dtype(impl: str, *tensors: Optional[torch.Tensor]) -> torch.dtype:
+    # The Triton kernels keep fp32 statistics; the CPU implementation keeps them in its compute dtype.
+    return torch.float32 if impl == "triton" else cpu.compute_dtype(*tensors)
+
+
+@torch.library.custom_op(
+    "e2eprof::fastlayernorm",
+    mutates_args=(),
+    schema="(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, ScalarType? out_dtype) "
+    "-> (Tensor, Tensor, Tensor)",
+)
+def _fastlayernorm_op(x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
+                      bias: Optional[torch.Tensor], eps: float,
+                      out_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    _check_float("out_dtype", out_dtype)
+    rows, cols = _rows_cols(x, normalized_shape, weight, bias)
+    impl = _choose_impl(x)
+    x2d = x.contiguous().reshape(rows, cols)  # (R, C)
+    w, b = _flat_param(weight, cols), _flat_param(bias, cols)
+    if impl == "triton":
+        y2d, mean, rstd = _triton_kernels().layer_norm_forward(x2d, w, b, eps, out_dtype)
+    else:
+        y2d, mean, rstd = cpu.layer_norm_forward(x2d, w, b, eps, out_dtype)
+    IMPL_CALLS[f"{impl}.fwd"] += 1
+    batch_shape = x.shape[: x.dim() - len(normalized_shape)]
+    return y2d.reshape(x.shape), mean.reshape(batch_shape), rstd.reshape(batch_shape)
+
+
+@_fastlayernorm_op.register_fake
+def _fastlayernorm_fake(x, normalized_shape, weight, bias, eps, out_dtype):
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    _check_float("out_dtype", out_dtype)
+    _rows_cols(x, normalized_shape, weight, bias)
+    stats_dtype = _stats_dtype(_choose_impl(x), x, weight, bias)
+    batch_shape = x.shape[: x.dim() - len(normalized_shape)]
+    return (x.new_empty(x.shape, dtype=out_dtype), x.new_empty(batch_shape, dtype=stats_dtype),
+            x.new_empty(batch_shape, dtype=stats_dtype))
+
+
+@torch.library.custom_op(
+    "e2eprof::fastlayernorm_backward",
+    mutates_args=(),
+    schema="(Tensor grad_out, Tensor x, Tensor mean, Tensor rstd, int[] normalized_shape, Tensor? weight, "
+    "ScalarType dx_dtype, ScalarType weight_dtype, ScalarType bias_dtype) -> (Tensor, Tensor, Tensor)",
+)
+def _fastlayernorm_backward_op(grad_out: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                               normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
+                               dx_dtype: torch.dtype, weight_dtype: torch.dtype,
+                               bias_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, cols = _check_backward_args(grad_out, x, mean, rstd, normalized_shape, weight,
+                                      (dx_dtype, weight_dtype, bias_dtype))
+    impl = _choose_impl(x)
+    dy2d = grad_out.contiguous().reshape(rows, cols)  # (R, C)
+    x2d = x.contiguous().reshape(rows, cols)  # (R, C)
+    mean1d, rstd1d = mean.contiguous().reshape(rows), rstd.contiguous().reshape(rows)  # (R,)
+    w = _flat_param(weight, cols)
+    if impl == "triton":
+        dx2d, dw, db = _triton_kernels().layer_norm_backward(dy2d, x2d, mean1d, rstd1d, w, dx_dtype, weight_dtype,
+                                                             bias_dtype)
+    else:
+        dx2d, dw, db = cpu.layer_norm_backward(dy2d, x2d, mean1d, rstd1d, w, dx_dtype, weight_dtype, bias_dtype)
+    IMPL_CALLS[f"{impl}.bwd"] += 1
+    return dx2d.reshape(x.shape), dw.reshape(normalized_shape), db.reshape(normalized_shape)
+
+
+@_fastlayernorm_backward_op.register_fake
+def _fastlayernorm_backward_fake(grad_out, x, mean, rstd, normalized_shape, weight, dx_dtype, weight_dtype,
+                                 bias_dtype):
+    _check_backward_args(grad_out, x, mean, rstd, normalized_shape, weight, (dx_dtype, weight_dtype, bias_dtype))
+    return (x.new_empty(x.shape, dtype=dx_dtype), x.new_empty(normalized_shape, dtype=weight_dtype),
+            x.new_empty(normalized_shape, dtype=bias_dtype))
+
+
+def _check_backward_args(grad_out, x, mean, rstd, normalized_shape, weight, dtypes) -> tuple[int, int]:
+    if grad_out.shape != x.shape:
+        raise ValueError(f"grad_out {tuple(grad_out.shape)} and x {tuple(x.shape)} must have the same shape")
+    if grad_out.device != x.device:
+        raise ValueError(f"grad_out on {grad_out.device} but x on {x.device}")
+    _check_float("grad_out", grad_out.dtype)
+    for dtype in dtypes:
+        _check_float("gradient dtype", dtype)
+    rows, cols = _rows_cols(x, normalized_shape, weight, None)
+    for name, stats in (("mean", mean), ("rstd", rstd)):
+        if stats.numel() != rows:
+            raise ValueError(f"{name} has {stats.numel()} elements, x has {rows} rows")
+    return rows, cols
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, normalized_shape, weight, bias, _eps, _out_dtype = inputs
+    _y, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.normalized_shape = normalized_shape
+    ctx.has_weight = weight is not None
+    ctx.has_bias = bias is not None
+    # Gradients have their tensor's dtype; an absent parameter's (discarded) gradient takes x's.
+    ctx.weight_dtype = weight.dtype if weight is not None else x.dtype
+    ctx.bias_dtype = bias.dtype if bias is not None else x.dtype
+
+
+def _backward(ctx, grad_out, _grad_mean, _grad_rstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dweight, dbias = torch.ops.e2eprof.fastlayernorm_backward(
+        grad_out, x, mean, rstd, ctx.normalized_shape, weight, x.dtype, ctx.weight_dtype, ctx.bias_dtype)
+    return dx, None, dweight if ctx.has_weight else None, dbias if ctx.has_bias else None, None, None
+
+
+_fastlayernorm_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _as_shape(normalized_shape: int | Sequence[int]) -> list[int]:
+    return [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+
+
+def fastlayernorm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: Optional[torch.Tensor] = None,
+                  bias: Optional[torch.Tensor] = None, eps: float = 1e-5,
+                  out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """LayerNorm of `x` over its last dims `normalized_shape`, written as `out_dtype` (default: x.dtype).
+
+    Calls `torch.ops.e2eprof.fastlayernorm`: reads x, weight and bias in their own dtypes and computes in fp32
+    (fp64 when an operand is fp64, CPU implementation only). Differentiable in x, weight and bias; each gradient
+    has its tensor's dtype. The result is a new contiguous tensor.
+    """
+    y, _mean, _rstd = torch.ops.e2eprof.fastlayernorm(x, _as_shape(normalized_shape), weight, bias, eps, out_dtype)
+    return y
+
+
+def reference_layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int],
+                         weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                         eps: float = 1e-5) -> torch.Tensor:
+    """Trusted fp64 reference: torch's layer_norm on float64 copies of every operand, returned as float64.
+
+    Uses the stock op on purpose: it is the yardstick the kernels are measured against, not a kernel.
+    Differentiable, so it also gives fp64 reference gradients (for weight and bias too, when they require grad).
+    """
+    return torch.nn.functional.layer_norm(x.double(), _as_shape(normalized_shape), _double(weight), _double(bias), eps)
+
+
+def _double(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.double()

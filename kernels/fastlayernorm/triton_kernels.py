@@ -1,0 +1,288 @@
+"""Triton LayerNorm kernels and their launchers, on 2-D contiguous row-major tensors [rows, cols].
+
+Forward, one program per row, returns y and the per-row mean and rstd (fp32) that backward reuses:
+- row kernel (cols <= MAX_FUSED_COLS_FWD): the row stays in registers: one read of x, one write of y;
+- looped kernel for longer rows: a pass for the mean, one for the centred variance, one that writes.
+Backward, a fixed number of programs each walking rows pid, pid + P, pid + 2P, ...: dx for each row, plus its own
+fp32 partial sums of dy * xhat and dy per column, written once to a [P, cols] buffer that torch.sum reduces over P.
+No atomics, so the result is deterministic; P is a few programs per SM, so the partials stay small.
+- row kernel (cols <= MAX_FUSED_COLS_BWD): the row and the partials in registers;
+- looped kernel: two passes per row over column tiles, the partials updated in the buffer tile by tile (only this
+  program touches its buffer row, so a plain load-add-store is race-free).
+The formulas are in cpu.py's docstring. Masked lanes load 0 and are zeroed after centring, so they add nothing.
+
+This module imports triton at import time; import it only when triton is installed (see op.py). Under
+TRITON_INTERPRET=1 (set before triton is first imported) the kernels also run on CPU tensors, for tests.
+"""
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+# Longest row held in registers by one program: forward holds x, weight and bias per lane, backward five vectors
+# (dy, x, weight and two partial sums), so its limit is lower.
+MAX_FUSED_COLS_FWD = 8192
+MAX_FUSED_COLS_BWD = 4096
+# Column tile of the looped kernels: 2048 fp32 lanes over 8 warps = 8 registers per thread per operand.
+LOOP_BLOCK = 2048
+LOOP_WARPS = 8
+# Backward programs per SM: enough rows in flight to hide latency, few enough that the partials stay small.
+BWD_PROGRAMS_PER_SM = 4
+BWD_PROGRAMS_INTERPRETER = 4
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# Kernel names start with "_layernorm_fwd" / "_layernorm_bwd": patch.py's kernel_names look for these prefixes in
+# profiler traces to prove the kernels ran. Rename both together.
+
+
+@triton.jit
+def _layernorm_fwd_row_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps,
+                              HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    row_start = row * n_cols  # int64: rows * cols can exceed 2**31
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row_start + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK,)
+    mean = tl.sum(x, axis=0) / n_cols
+    centred = tl.where(mask, x - mean, 0.0)
+    var = tl.sum(centred * centred, axis=0) / n_cols
+    rstd = 1.0 / tl.sqrt(var + eps)
+    y = centred * rstd
+    if HAS_WEIGHT:
+        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row_start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _layernorm_fwd_looped_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps,
+                                 HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    row_start = row * n_cols
+    cols = tl.arange(0, BLOCK)
+    # Pass 1: mean, from per-lane partial sums reduced once after the loop.
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + cols
+        acc += tl.load(x_ptr + row_start + offs, mask=offs < n_cols, other=0.0).to(tl.float32)
+    mean = tl.sum(acc, axis=0) / n_cols
+    # Pass 2: variance of the centred values (no E[x^2] - E[x]^2 cancellation).
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + cols
+        mask = offs < n_cols
+        x = tl.load(x_ptr + row_start + offs, mask=mask, other=0.0).to(tl.float32)
+        centred = tl.where(mask, x - mean, 0.0)
+        acc += centred * centred
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    # Pass 3: normalise, scale, shift and write.
+    for start in range(0, n_cols, BLOCK):
+        offs = start + cols
+        mask = offs < n_cols
+        x = tl.load(x_ptr + row_start + offs, mask=mask, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y = y + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row_start + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _layernorm_bwd_row_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part_ptr, db_part_ptr,
+                              n_rows, n_cols, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK,)
+    dw_acc = tl.zeros((BLOCK,), tl.float32)
+    db_acc = tl.zeros((BLOCK,), tl.float32)
+    for row in range(pid, n_rows, tl.num_programs(0)):
+        row_start = tl.cast(row, tl.int64) * n_cols
+        dy = tl.load(dy_ptr + row_start + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row_start + cols, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + row)
+        rstd = tl.load(rstd_ptr + row)
+        xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+        g = dy
+        if HAS_WEIGHT:
+            g = dy * w
+        c1 = tl.sum(g * xhat, axis=0) / n_cols
+        c2 = tl.sum(g, axis=0) / n_cols
+        dx = (g - (xhat * c1 + c2)) * rstd
+        tl.store(dx_ptr + row_start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw_acc += dy * xhat
+        db_acc += dy
+    part_start = tl.cast(pid, tl.int64) * n_cols
+    tl.store(dw_part_ptr + part_start + cols, dw_acc, mask=mask)
+    tl.store(db_part_ptr + part_start + cols, db_acc, mask=mask)
+
+
+@triton.jit
+def _layernorm_bwd_looped_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part_ptr, db_part_ptr,
+                                 n_rows, n_cols, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    part_start = tl.cast(pid, tl.int64) * n_cols  # this program's row of the zero-initialised partial buffers
+    for row in range(pid, n_rows, tl.num_programs(0)):
+        row_start = tl.cast(row, tl.int64) * n_cols
+        mean = tl.load(mean_ptr + row)
+        rstd = tl.load(rstd_ptr + row)
+        # Pass 1: the row's two reductions, mean(g * xhat) and mean(g).
+        acc1 = tl.zeros((BLOCK,), tl.float32)
+        acc2 = tl.zeros((BLOCK,), tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            offs = start + cols
+            mask = offs < n_cols
+            dy = tl.load(dy_ptr + row_start + offs, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + row_start + offs, mask=mask, other=0.0).to(tl.float32)
+            xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+            g = dy
+            if HAS_WEIGHT:
+                g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            acc1 += g * xhat
+            acc2 += g
+        c1 = tl.sum(acc1, axis=0) / n_cols
+        c2 = tl.sum(acc2, axis=0) / n_cols
+        # Pass 2: dx, and this row's contribution to the column partials.
+        for start in range(0, n_cols, BLOCK):
+            offs = start + cols
+            mask = offs < n_cols
+            dy = tl.load(dy_ptr + row_start + offs, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + row_start + offs, mask=mask, other=0.0).to(tl.float32)
+            xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+            g = dy
+            if HAS_WEIGHT:
+                g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            dx = (g - (xhat * c1 + c2)) * rstd
+            tl.store(dx_ptr + row_start + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            dw = tl.load(dw_part_ptr + part_start + offs, mask=mask, other=0.0)
+            tl.store(dw_part_ptr + part_start + offs, dw + dy * xhat, mask=mask)
+            db = tl.load(db_part_ptr + part_start + offs, mask=mask, other=0.0)
+            tl.store(db_part_ptr + part_start + offs, db + dy, mask=mask)
+
+
+def _num_warps(block: int) -> int:
+    # Keep about 8-16 fp32 values per thread per operand: fewer warps starve long rows, more waste short ones.
+    if block <= 2048:
+        return 4
+    if block <= 8192:
+        return 8
+    return 16
+
+
+def _check_2d(name: str, t: torch.Tensor) -> None:
+    if t.dim() != 2 or not t.is_contiguous():
+        raise ValueError(f"{name} must be a 2-D contiguous tensor, got shape {tuple(t.shape)} strides {t.stride()}")
+    if t.dtype not in KERNEL_DTYPES:
+        raise TypeError(f"{name}: Triton LayerNorm supports {KERNEL_DTYPES}, got {t.dtype}")
+
+
+def _check_param(name: str, t: torch.Tensor | None, cols: int) -> None:
+    if t is None:
+        return
+    if t.shape != (cols,) or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous [{cols}] tensor, got shape {tuple(t.shape)}")
+    if t.dtype not in KERNEL_DTYPES:
+        raise TypeError(f"{name}: Triton LayerNorm supports {KERNEL_DTYPES}, got {t.dtype}")
+
+
+def _check_out_dtype(name: str, dtype: torch.dtype) -> None:
+    if dtype not in KERNEL_DTYPES:
+        raise TypeError(f"{name}: Triton LayerNorm writes {KERNEL_DTYPES}, got {dtype}")
+
+
+def layer_norm_forward(x2d: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+                       out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm over the last dim of a 2-D contiguous [rows, cols]; weight and bias are [cols] or None.
+
+    Reads every operand in its own dtype (fp32/bf16/fp16), computes in fp32, writes y as `out_dtype`.
+    Returns (y [rows, cols], mean [rows] fp32, rstd [rows] fp32); empty inputs return without a launch.
+    """
+    _check_2d("x2d", x2d)
+    rows, cols = x2d.shape
+    _check_param("weight", weight, cols)
+    _check_param("bias", bias, cols)
+    _check_out_dtype("out_dtype", out_dtype)
+    y2d = torch.empty((rows, cols), dtype=out_dtype, device=x2d.device)
+    mean = torch.empty((rows,), dtype=torch.float32, device=x2d.device)
+    rstd = torch.empty((rows,), dtype=torch.float32, device=x2d.device)
+    if rows == 0 or cols == 0:
+        return y2d, mean.fill_(float("nan")), rstd.fill_(float("nan"))
+    # An absent weight or bias is never loaded (HAS_* is a compile-time False); x2d stands in for the pointer.
+    w = weight if weight is not None else x2d
+    b = bias if bias is not None else x2d
+    flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)
+    with _device_of(x2d):
+        if cols <= MAX_FUSED_COLS_FWD:
+            block = triton.next_power_of_2(cols)
+            _layernorm_fwd_row_kernel[(rows,)](x2d, w, b, y2d, mean, rstd, cols, eps, **flags, BLOCK=block,
+                                               num_warps=_num_warps(block))
+        else:
+            _layernorm_fwd_looped_kernel[(rows,)](x2d, w, b, y2d, mean, rstd, cols, eps, **flags, BLOCK=LOOP_BLOCK,
+                                                  num_warps=LOOP_WARPS)
+    return y2d, mean, rstd
+
+
+def layer_norm_backward(dy2d: torch.Tensor, x2d: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                        weight: torch.Tensor | None, dx_dtype: torch.dtype, weight_dtype: torch.dtype,
+                        bias_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx [rows, cols] as `dx_dtype`, dweight [cols] as `weight_dtype`, dbias [cols] as `bias_dtype`).
+
+    dy2d and x2d are 2-D contiguous of the same shape; mean and rstd are the forward's fp32 [rows] statistics.
+    dweight and dbias are always computed (a LayerNorm without them just discards them).
+    """
+    _check_2d("dy2d", dy2d)
+    _check_2d("x2d", x2d)
+    if dy2d.shape != x2d.shape:
+        raise ValueError(f"dy2d {tuple(dy2d.shape)} and x2d {tuple(x2d.shape)} must have the same shape")
+    rows, cols = x2d.shape
+    _check_param("weight", weight, cols)
+    for name, stats in (("mean", mean), ("rstd", rstd)):
+        if stats.shape != (rows,) or stats.dtype != torch.float32 or not stats.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous fp32 [{rows}] tensor, got {stats.dtype} {tuple(stats.shape)}")
+    _check_out_dtype("dx_dtype", dx_dtype)
+    dx2d = torch.empty((rows, cols), dtype=dx_dtype, device=x2d.device)
+    if rows == 0 or cols == 0:
+        zeros = torch.zeros((cols,), dtype=torch.float32, device=x2d.device)
+        return dx2d, zeros.to(weight_dtype), zeros.to(bias_dtype)
+    programs = min(rows, _bwd_programs(x2d.device))
+    # Zeroed: the looped kernel accumulates into its buffer row; the row kernel overwrites it.
+    dw_part = torch.zeros((programs, cols), dtype=torch.float32, device=x2d.device)
+    db_part = torch.zeros((programs, cols), dtype=torch.float32, device=x2d.device)
+    w = weight if weight is not None else x2d
+    with _device_of(x2d):
+        if cols <= MAX_FUSED_COLS_BWD:
+            block = triton.next_power_of_2(cols)
+            _layernorm_bwd_row_kernel[(programs,)](dy2d, x2d, w, mean, rstd, dx2d, dw_part, db_part, rows, cols,
+                                                   HAS_WEIGHT=weight is not None, BLOCK=block,
+                                                   num_warps=_num_warps(block))
+        else:
+            _layernorm_bwd_looped_kernel[(programs,)](dy2d, x2d, w, mean, rstd, dx2d, dw_part, db_part, rows, cols,
+                                                      HAS_WEIGHT=weight is not None, BLOCK=LOOP_BLOCK,
+                                                      num_warps=LOOP_WARPS)
+    # The cross-program reduction: [programs, cols] fp32 partials, summed over programs.
+    return dx2d, dw_part.sum(dim=0).to(weight_dtype), db_part.sum(dim=0).to(bias_dtype)
+
+
+def _bwd_programs(device: torch.device) -> int:
+    if device.type == "cuda":
+        return BWD_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    return BWD_PROGRAMS_INTERPRETER  # the interpreter runs programs one after another: few is fastest
+
+
+def _device_of(t: torch.Tensor):
+    # Triton launches on the current CUDA device; make it the tensor's so cuda:1 inputs work.
+    # CPU tensors (interpreter) need no guard.
+    if t.is_cuda:
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
