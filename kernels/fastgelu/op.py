@@ -6,12 +6,13 @@ the Triton kernels (meaningful only under TRITON_INTERPRET=1; used by tests). Th
 the stock GELU: a patch that silently runs the stock op is exactly what e2eprof must catch, so a missing
 implementation raises instead. IMPL_CALLS counts which implementation ran, for the report.
 
-Layout: the output has the strides the stock elementwise chain would give (torch.empty_like's: a dense input keeps
-its strides, any other input gets a dense layout in the same dimension order), because e2eprof's op check compares
-strides. Both implementations work on that layout's memory as one flat array.
+Layout: the output has the strides the stock elementwise chain would give (a dense input keeps its strides, any
+other input gets a dense layout in the same dimension order), because e2eprof's op check compares strides. Both
+implementations work on that layout's memory as one flat array.
 """
 
 import collections
+import functools
 import os
 from typing import Optional
 
@@ -76,8 +77,16 @@ def _check_float(name: str, dtype: torch.dtype) -> None:
 
 
 def _stock_strides(t: torch.Tensor) -> tuple[int, ...]:
-    # What a new elementwise result of `t` looks like in memory (computed on the meta device: no allocation).
-    return torch.empty_like(t, device="meta").stride()
+    """The strides torch's elementwise ops give a new result computed from `t`."""
+    return _elementwise_strides(tuple(t.shape), t.stride())
+
+
+@functools.lru_cache(maxsize=256)
+def _elementwise_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
+    # Asked of TensorIterator itself, on the meta device (no data, no allocation), rather than re-derived: its rules
+    # for permuted, sliced, expanded and odd size-1 strides are subtle. Cached: a model repeats a few layouts, and
+    # this runs on every call.
+    return torch.neg(torch.empty_strided(shape, strides, device="meta")).stride()
 
 
 def _flat_in(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
@@ -109,7 +118,7 @@ def _fastgelu_fake(x: torch.Tensor, out_dtype: Optional[torch.dtype]) -> torch.T
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_float("x", x.dtype)
     _check_float("out_dtype", out_dtype)
-    return torch.empty_like(x, dtype=out_dtype)
+    return torch.neg(x).to(out_dtype)  # metadata only: an elementwise op's result layout, as the real op returns
 
 
 @torch.library.custom_op(
@@ -134,7 +143,7 @@ def _fastgelu_backward_op(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: tor
 @_fastgelu_backward_op.register_fake
 def _fastgelu_backward_fake(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torch.dtype) -> torch.Tensor:
     _check_backward_args(grad_out, x, dx_dtype)
-    return torch.empty_like(x, dtype=dx_dtype)
+    return torch.neg(x).to(dx_dtype)
 
 
 def _check_backward_args(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torch.dtype) -> None:

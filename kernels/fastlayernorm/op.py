@@ -14,7 +14,8 @@ contiguous whatever the input's layout.
 import collections
 import math
 import os
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import torch
 

@@ -221,7 +221,7 @@ def layer_norm_forward(x2d: torch.Tensor, weight: torch.Tensor | None, bias: tor
     # An absent weight or bias is never loaded (HAS_* is a compile-time False); x2d stands in for the pointer.
     w = weight if weight is not None else x2d
     b = bias if bias is not None else x2d
-    flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)
+    flags = {"HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None}
     with _device_of(x2d):
         if cols <= MAX_FUSED_COLS_FWD:
             block = triton.next_power_of_2(cols)
@@ -249,7 +249,7 @@ def layer_norm_backward(dy2d: torch.Tensor, x2d: torch.Tensor, mean: torch.Tenso
     _check_param("weight", weight, cols)
     for name, stats in (("mean", mean), ("rstd", rstd)):
         if stats.shape != (rows,) or stats.dtype != torch.float32 or not stats.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous fp32 [{rows}] tensor, got {stats.dtype} {tuple(stats.shape)}")
+            raise ValueError(f"{name} must be contiguous fp32 [{rows}], got {stats.dtype} {tuple(stats.shape)}")
     _check_out_dtype("dx_dtype", dx_dtype)
     dx2d = torch.empty((rows, cols), dtype=dx_dtype, device=x2d.device)
     if rows == 0 or cols == 0:

@@ -10,8 +10,8 @@ import types
 
 import pytest
 import torch
-import transformers.activations as activations
-import transformers.models.gpt2.modeling_gpt2 as modeling_gpt2
+from transformers import activations
+from transformers.models.gpt2 import modeling_gpt2
 
 from e2eprof.errors import PatchError
 from e2eprof.kernels.fastgelu import IMPL_CALLS, TRITON_AVAILABLE, fastgelu, reference_gelu
@@ -58,6 +58,7 @@ SHAPES = [
     ("sliced", (4, 12), lambda t: t[:, ::2]),  # not dense: the output is a fresh dense layout
     ("permuted-sliced", (6, 4, 8), lambda t: t.transpose(0, 1)[:, :, ::2]),
     ("expanded", (1, 9), lambda t: t.expand(3, 9)),  # stride 0
+    ("odd-size1-stride", (3, 1, 4), lambda t: t.as_strided((3, 1, 4), (4, 99, 1))),  # contiguous, yet restrided
 ]
 
 
@@ -203,7 +204,8 @@ def test_opcheck():
     x = torch.randn(3, 5, 7, generator=g, requires_grad=True)
     xb = torch.randn(4, 9, generator=g).to(BF16).requires_grad_()
     xt = torch.randn(6, 5, generator=g).t().requires_grad_()
-    for args in [(x, None), (x, BF16), (xb, F32), (xt, None)]:
+    xs = torch.randn(4, 12, generator=g)[:, ::2].requires_grad_()
+    for args in [(x, None), (x, BF16), (xb, F32), (xt, None), (xs, None)]:
         torch.library.opcheck(torch.ops.e2eprof.fastgelu.default, args)
     torch.library.opcheck(torch.ops.e2eprof.fastgelu_backward.default, (torch.randn(3, 5), torch.randn(3, 5), BF16))
 

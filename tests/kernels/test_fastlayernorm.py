@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-import transformers.models.gpt2.modeling_gpt2 as modeling_gpt2
+from transformers.models.gpt2 import modeling_gpt2
 
 from e2eprof.errors import PatchError
 from e2eprof.kernels.fastlayernorm import IMPL_CALLS, TRITON_AVAILABLE, fastlayernorm, reference_layer_norm
