@@ -1,0 +1,98 @@
+"""Timing one call at a time: CUDA events with an L2 flush before each call on a GPU, perf_counter_ns on a CPU.
+
+Each trial is set up by the caller (fresh inputs), then the L2 cache is flushed by writing a buffer at least twice
+its size, so an op never reads its inputs from a cache the previous trial warmed (a model's op reads tensors the
+previous layer wrote long ago). Only the call itself lies between the two events. Raw samples are kept; statistics
+are derived from them in one place (`Samples`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+COPY_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}  # roofline buffer: 1 GiB on a GPU, 64 MiB (past any CPU cache)
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Raw per-trial times in microseconds, and the statistics reported from them."""
+
+    us: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.us)) if self.us else float("nan")
+
+    @property
+    def p10(self) -> float:
+        return float(np.percentile(self.us, 10)) if self.us else float("nan")
+
+    @property
+    def p90(self) -> float:
+        return float(np.percentile(self.us, 90)) if self.us else float("nan")
+
+
+class Timer:
+    """Times a callable on one device; `trial` returns microseconds of one call."""
+
+    def __init__(self, device: str | torch.device):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.flush_bytes = 0
+        if self.cuda:
+            l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
+            self.flush_bytes = max(2 * l2, 8 << 20)
+            self._flush = torch.empty(self.flush_bytes, dtype=torch.uint8, device=self.device)
+
+    def sync(self) -> None:
+        # Device-wide: work an op queued on another stream must be finished before the next trial starts.
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def trial(self, call: Callable[[], object]) -> float:
+        """Microseconds of one `call()`: device time between CUDA events after an L2 flush, or host time on CPU."""
+        if not self.cuda:
+            t0 = time.perf_counter_ns()
+            call()
+            return (time.perf_counter_ns() - t0) / 1e3
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self._flush.fill_(1)  # a write of >= 2x L2 evicts whatever the setup or the last trial left there
+        start.record()
+        call()
+        end.record()
+        self.sync()
+        return start.elapsed_time(end) * 1e3
+
+    def wall_seconds(self, call: Callable[[], object]) -> float:
+        """Host seconds of one call between device-wide synchronizes (cold calls: JIT, autotune, compilation)."""
+        self.sync()
+        t0 = time.perf_counter()
+        call()
+        self.sync()
+        return time.perf_counter() - t0
+
+    def measure(self, setup: Callable[[], Callable[[], object]], trials: int, warmup: int) -> Samples:
+        """`warmup` untimed then `trials` timed calls; `setup()` makes each trial's fresh inputs and returns the call."""
+        for _ in range(warmup):
+            setup()()
+        self.sync()
+        samples = []
+        for _ in range(trials):
+            call = setup()
+            self.sync()  # input generation is finished before the clock starts
+            samples.append(self.trial(call))
+        return Samples(tuple(samples))
+
+    def copy_gbs(self, trials: int, nbytes: int | None = None) -> float:
+        """Device-to-device copy bandwidth in GB/s (bytes read + written), timed like the ops: the roofline."""
+        nbytes = nbytes or COPY_BYTES.get(self.device.type, COPY_BYTES["cpu"])
+        src = torch.empty(nbytes, dtype=torch.uint8, device=self.device).random_()
+        dst = torch.empty_like(src)
+        samples = self.measure(lambda: (lambda: dst.copy_(src)), trials, warmup=3)
+        del src, dst
+        return 2 * nbytes / samples.median / 1e3  # bytes per microsecond / 1e3 = GB/s
