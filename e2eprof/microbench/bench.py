@@ -9,6 +9,14 @@ For every CallSpec and pass (forward, and forward+backward when the model differ
 2. timing (timing.py): warm-up, then >= 30 trials, each on freshly drawn inputs (and a fresh grad_output).
 
 A candidate that fails its check is not timed: its row keeps the error and no speedup is claimed for it.
+
+Row columns (one row per spec x impl x pass): impl replacement / eager (the stock op, called as the model calls it)
+/ compile (torch.compile of the stock op, mode default, static shapes); median_us, p10_us, p90_us and the raw
+samples_us; compile_s = host seconds of the impl's first call in that pass (torch.compile's compilation, Triton's
+JIT and autotuning), never part of the timed trials; bytes (see op_bytes), bandwidth_gbs = bytes / median,
+roofline_share = bandwidth / copy_gbs (device-to-device copy measured in the same run); error, tolerance, passed,
+detail (why it failed or was not run); speedup_vs_eager / speedup_vs_compile = their median / the replacement's,
+only where both passed.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 import torch
+import torch.utils.deterministic  # noqa: F401  (poisoned_allocations sets its flag; not imported by torch itself everywhere)
 
 from e2eprof.microbench.capture import CallSpec, TensorSpec, dtype_name
 from e2eprof.microbench.timing import Samples, Timer
@@ -376,7 +385,9 @@ def run_microbench(patch: Patch, shapes: Sequence[CallSpec], device: str, *, tri
     timer = Timer(dev)
     warmup = warmup if warmup is not None else (5 if timer.cuda else 2)
     rows = []
-    with torch.random.fork_rng(devices=[dev] if timer.cuda else []):
+    cuda_index = (dev.index if dev.index is not None else torch.cuda.current_device()) if timer.cuda else None
+    # A private RNG stream: the caller's random state is left as it was.
+    with torch.random.fork_rng(devices=[cuda_index] if timer.cuda else []):
         torch.manual_seed(seed)
         copy_gbs = timer.copy_gbs(trials)
         for i, spec in enumerate(shapes, 1):
