@@ -46,6 +46,7 @@ class Patch:
     targets: "module:attribute.path" strings; each must resolve, or applying the patch fails.
     replacement: the callable installed at every target (same signature as what it replaces).
     reference: trusted fp64 implementation with the replaced function's signature, returning float64.
+        For a class target it is called like the forward: reference(module, *args), args in float64.
     architectures: Hugging Face `model_type` values this patch applies to; empty means any.
     attn_implementation: the attention implementation the patch needs to be called at all ("eager" for
         softmax: SDPA never calls softmax), or None.

@@ -4,6 +4,10 @@ Applying resolves every target before touching anything (all-or-nothing), instal
 counts calls and records argument signatures, and returns an `AppliedPatch` that reverts exactly what it
 changed. In verify mode the recorder also runs the stock function and the fp64 reference on the same
 arguments and records how far the patched output is from each (`OpCheck` rows).
+
+A class target swaps each instance's class for the replacement subclass and binds one recorder per target as
+each instance's `forward`, so module replacements are counted and verified too: the recorder calls
+replacement.forward(module, x), the stock forward(module, x) and reference(module, x in float64).
 """
 
 from __future__ import annotations
@@ -93,12 +97,16 @@ REPLACED_RANGE_PREFIX = "e2eprof.replaced::"
 class CallRecorder:
     """The callable installed at a target: counts calls, records signatures, optionally verifies."""
 
-    def __init__(self, patch: Patch, original: Callable, passthrough: bool = False):
+    def __init__(self, patch: Patch, original: Callable, passthrough: bool = False, target: Callable | None = None,
+                 method: bool = False):
         self.patch = patch
         self.original = original
         # passthrough: call the stock function (used in stock arms while profiling, so the replaced region is
         # measured the same way in every arm).
-        self.target = original if passthrough else patch.replacement
+        self.target = original if passthrough else (patch.replacement if target is None else target)
+        # method: called as forward(module, *args) for a class target; the module is left out of signatures and
+        # passed first to the stock forward and to the reference (which reads the module's weights).
+        self.skip = 1 if method else 0
         self.range_name = f"{REPLACED_RANGE_PREFIX}{patch.name}"
         self.mark_ranges = False
         self.calls = 0
@@ -108,7 +116,7 @@ class CallRecorder:
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
-        key = _signature_key(args, kwargs)
+        key = _signature_key(args[self.skip:], kwargs)
         self.signatures[key] += 1
         if self.mark_ranges:
             with torch.profiler.record_function(self.range_name):
@@ -140,6 +148,9 @@ class CallRecorder:
             for problem in result.problems:
                 if problem not in check.problems:
                     check.problems.append(problem)
+
+
+_ABSENT = object()  # _Change.previous of an attribute that did not exist: revert deletes it
 
 
 @dataclass
@@ -190,7 +201,10 @@ class AppliedPatch:
     def revert(self) -> None:
         """Put back exactly what apply() replaced, in reverse order."""
         for change in reversed(self._changes):
-            setattr(change.owner, change.attribute, change.previous)
+            if change.previous is _ABSENT:
+                delattr(change.owner, change.attribute)
+            else:
+                setattr(change.owner, change.attribute, change.previous)
         for module, cls in reversed(self._class_swaps):
             module.__class__ = cls
         self._changes.clear()
@@ -221,8 +235,11 @@ def _resolve(target: str) -> tuple[types.ModuleType, list[str], list[object]]:
 def check_model_fits(patch: Patch, architecture: str, attn_implementation: str | None) -> None:
     """Raise PatchError when the patch does not apply to this architecture or attention implementation."""
     if patch.architectures and architecture not in patch.architectures:
+        # Name what the patch replaces, so the user sees why another family's model (its own modeling code,
+        # its own classes) never reaches it.
         raise PatchError(
-            f"patch '{patch.name}' applies to {', '.join(patch.architectures)}; this model is '{architecture}'"
+            f"patch '{patch.name}' applies to {', '.join(patch.architectures)}; this model is '{architecture}', "
+            f"whose code never reaches what the patch replaces ({', '.join(patch.targets)})"
         )
     if patch.attn_implementation and attn_implementation and attn_implementation != patch.attn_implementation:
         raise PatchError(
@@ -236,9 +253,10 @@ def apply_patch(patch: Patch, model: torch.nn.Module | None = None, *, passthrou
 
     Resolves every target first, so a patch with one bad target changes nothing. Raises PatchError when a
     target does not exist or the patch would replace zero sites. With passthrough=True the recorder calls the
-    stock function (a stock arm's profiling instrument); class targets are left alone then.
+    stock function (a stock arm's profiling instrument): no class is swapped, the model's instances of a class
+    target only get a counting forward, and the model need not fit the patch (a reference arm's attention differs).
     """
-    if model is not None:
+    if model is not None and not passthrough:
         config = getattr(model, "config", None)
         check_model_fits(patch, getattr(config, "model_type", ""), getattr(config, "_attn_implementation", None))
     resolved = [(target, *_resolve(target)) for target in patch.targets]
@@ -247,8 +265,7 @@ def apply_patch(patch: Patch, model: torch.nn.Module | None = None, *, passthrou
         for target, module, parts, objects in resolved:
             original = objects[-1]
             if isinstance(original, type):
-                if not passthrough:
-                    _apply_class(applied, target, module, parts, original, model)
+                _apply_class(applied, target, module, parts, original, model, passthrough)
             else:
                 _apply_function(applied, target, module, parts, objects, original, passthrough)
     except Exception:
@@ -303,18 +320,31 @@ def _apply_function(applied: AppliedPatch, target: str, module, parts: list[str]
     applied.sites.append({"target": target, "kind": "function", "count": 1})
 
 
-def _apply_class(applied: AppliedPatch, target: str, module, parts: list[str], original: type, model) -> None:
+def _apply_class(applied: AppliedPatch, target: str, module, parts: list[str], original: type, model,
+                 passthrough: bool = False) -> None:
     replacement = applied.patch.replacement
     if not (isinstance(replacement, type) and issubclass(replacement, original)):
         raise PatchError(f"target {target} is a class; the replacement must be a subclass of {original.__name__}")
-    _install(applied, target, module, parts, replacement)
+    if not passthrough:
+        _install(applied, target, module, parts, replacement)
+    # One recorder for all instances: each instance's forward becomes the recorder bound to it, so calls are
+    # counted and, in verify mode, checked against the stock forward and the reference like function targets.
+    # Passthrough: the recorder calls the stock forward, and only stock instances are instrumented.
+    recorder = CallRecorder(applied.patch, original.forward, passthrough, target=replacement.forward, method=True)
     count = 0
     if model is not None:
         for sub in model.modules():
-            if type(sub) is original:
+            if type(sub) not in ((original,) if passthrough else (original, replacement)):
+                continue
+            if "forward" in vars(sub):
+                # The instance attribute would run instead of the replacement's forward: nothing would change.
+                raise PatchError(f"target {target}: a {original.__name__} instance has its own forward attribute "
+                                 f"(set by a hook library?), so replacing its class would not take effect")
+            if type(sub) is original and not passthrough:
                 applied._class_swaps.append((sub, original))
                 sub.__class__ = replacement
-                count += 1
-            elif type(sub) is replacement:
-                count += 1
+            applied._changes.append(_Change(sub, "forward", _ABSENT))
+            sub.forward = types.MethodType(recorder, sub)  # deepcopy rebinds it to the copy
+            count += 1
+    applied.recorders.append(recorder)
     applied.sites.append({"target": target, "kind": "class", "count": count})
