@@ -117,6 +117,32 @@ def _run(config) -> int:
     return report.exit_code
 
 
+@app.command("microbench")
+def microbench(
+    patch: Annotated[str, typer.Option(help="Patch: built-in name, file.py[:NAME] or package.module:NAME.")] = "fastsoftmax",
+    model: Annotated[Optional[str], typer.Option(help="Model whose calls are captured (default: from the patch's architectures, e.g. gpt2).")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    batch: Annotated[Optional[int], typer.Option(help="Batch size of the captured steps (default: 8 on GPU, 1 on CPU).")] = None,
+    seq: Annotated[Optional[int], typer.Option(help="Sequence length of the captured steps (default: 1024 on GPU, 64 on CPU).")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="Autocast dtype of the captured steps: bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU).")] = None,
+    trials: Annotated[int, typer.Option(help="Timed calls per shape, impl and pass (>= 30).")] = 30,
+    sweep: Annotated[bool, typer.Option(help="Also sweep sizes and dtypes around the model's shapes.")] = True,
+    compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Time torch.compile of the stock op (default: on GPU only).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for weights, batches and random inputs.")] = 0,
+    out: Annotated[Optional[Path], typer.Option(help="Report directory (default reports/<UTC time>-microbench-<patch>/).")] = None,
+    force: Annotated[bool, typer.Option(help="Overwrite an existing report directory.")] = False,
+) -> int:
+    """The replaced op alone on the model's own calls (plus a sweep): replacement vs eager vs torch.compile."""
+    from e2eprof.microbench.command import MicrobenchConfig, microbench as run_microbench, print_table
+
+    config = MicrobenchConfig(patch=patch, model=model, device=device, precision=dtype, batch=batch, seq=seq,
+                              trials=trials, sweep=sweep, compile=compile, seed=seed, out=out, force=force,
+                              command_line=shlex.join(["e2eprof", *sys.argv[1:]]))
+    result = run_microbench(config, progress=lambda line: err_console.print(f"[dim]·[/dim] {line}", highlight=False))
+    print_table(out_console, result.table, result.path)
+    return 0
+
+
 @app.command("diff")
 def diff(
     run_a: Annotated[Path, typer.Argument(metavar="RUN_A", help="Earlier report directory (the reference).")],

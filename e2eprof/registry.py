@@ -25,6 +25,11 @@ from e2eprof.patch import Patch
 
 BUILTIN_PATCHES = {
     "fastsoftmax": "e2eprof.kernels.fastsoftmax.patch:PATCH",
+    "fastgelu": "e2eprof.kernels.fastgelu.patch:PATCH",
+    "fastlayernorm": "e2eprof.kernels.fastlayernorm.patch:PATCH",
+    "planted-slowdown": "e2eprof.kernels.planted_slowdown.patch:PATCH",
+    "rmsnorm": "e2eprof.kernels.rmsnorm.patch:PATCH",
+    "swiglu": "e2eprof.kernels.swiglu.patch:PATCH",
 }
 ENTRY_POINT_GROUP = "e2eprof.patches"
 
