@@ -35,7 +35,7 @@ def same_weights(a, b) -> bool:
 
 def test_resolve_presets():
     for name in PRESETS:
-        assert resolve_model(name) == ModelSource(kind="preset", name=name, path=None, architecture="gpt2")
+        assert resolve_model(name) == ModelSource(kind="preset", name=name, path=None, architecture=PRESETS[name]["model_type"])
 
 
 def test_gpt2_preset_is_gpt2_small():
@@ -94,8 +94,8 @@ def test_unknown_name_suggests_close_match(bad, suggestion):
 
 
 def test_unknown_name_without_close_match():
-    with pytest.raises(ModelLoadError, match="unknown model 'llama'; known:"):
-        resolve_model("llama")
+    with pytest.raises(ModelLoadError, match="unknown model 'resnet'; known:"):
+        resolve_model("resnet")
 
 
 # --- attention implementations ---
