@@ -37,6 +37,21 @@ class Samples:
         return float(np.percentile(self.us, 90)) if self.us else float("nan")
 
 
+CUSHION_US = 500.0  # longer than any replacement's host-side dispatch
+
+
+def _spin_cycles_per_us(device: torch.device) -> float:
+    """GPU cycles per microsecond as `torch.cuda._sleep` sees them (the clock the card actually holds)."""
+    with torch.cuda.device(device):
+        torch.cuda._sleep(1_000_000)  # the first launch pays module loading
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(20_000_000)
+        end.record()
+        end.synchronize()
+        return 20_000_000 / (start.elapsed_time(end) * 1e3)
+
+
 class Timer:
     """Times a callable on one device; `trial` returns microseconds of one call."""
 
@@ -48,6 +63,7 @@ class Timer:
             l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
             self.flush_bytes = max(2 * l2, 8 << 20)
             self._flush = torch.empty(self.flush_bytes, dtype=torch.uint8, device=self.device)
+            self._cushion_cycles = int(CUSHION_US * _spin_cycles_per_us(self.device))
 
     def sync(self) -> None:
         # Device-wide: work an op queued on another stream must be finished before the next trial starts.
@@ -62,6 +78,10 @@ class Timer:
             return (time.perf_counter_ns() - t0) / 1e3
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         self._flush.fill_(1)  # a write of >= 2x L2 evicts whatever the setup or the last trial left there
+        # Keep the GPU busy while the host queues the call: without this cushion, a replacement with Python-heavy
+        # dispatch leaves the GPU idle between the events and its launch overhead is timed as kernel time (seen on
+        # the H200: class-target patches measured 5x slower than their in-model profile).
+        torch.cuda._sleep(self._cushion_cycles)
         start.record()
         call()
         end.record()
