@@ -86,6 +86,15 @@ class Patch:
         object.__setattr__(self, "architectures", tuple(self.architectures))
         object.__setattr__(self, "kernel_names", tuple(self.kernel_names))
 
+    @property
+    def model_attention(self) -> str:
+        """The attention implementation every arm but the sdpa one runs: what the patch needs, else stock SDPA.
+
+        A patch that does not touch attention (a norm, an activation) is measured on the fastest stock attention, so
+        its gain is judged inside the model users would deploy, not inside a slowed-down eager one.
+        """
+        return self.attn_implementation or "sdpa"
+
     def tolerance_for(self, dtype_name: str) -> float:
         """Error floor for an output dtype name such as 'float32'."""
         return float(self.tolerances.get(dtype_name, DEFAULT_TOLERANCES.get(dtype_name, 1e-2)))

@@ -181,7 +181,7 @@ def capture_shapes(patch: Patch, model: str, *, device: str, precision: str, bat
     deep-copied after the patch is reverted, so the specs hold stock modules with the model's weights.
     """
     source = resolve_model(model)
-    attn = patch.attn_implementation or "eager"
+    attn = patch.model_attention
     check_model_fits(patch, source.architecture, attn)
     net = build_model(source, attn_implementation=attn, seed=seed)
     applied = apply_patch(patch, net)

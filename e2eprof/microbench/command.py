@@ -124,7 +124,7 @@ def microbench(config: MicrobenchConfig, progress=None) -> MicrobenchResult:
     except (ModelLoadError, ValueError) as exc:
         message = str(exc) if str(exc).startswith("--") else f"--model: {exc}"
         raise UsageError(message) from None
-    check_model_fits(patch, source.architecture, patch.attn_implementation or "eager")  # before any work
+    check_model_fits(patch, source.architecture, patch.model_attention)  # before any work
     out = _out_dir(config, patch.name)
     started = time.time_ns()
     say = progress or (lambda line: None)
