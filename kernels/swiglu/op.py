@@ -8,18 +8,11 @@ implementation raises instead. IMPL_CALLS counts which implementation ran, for t
 """
 
 import collections
-import os
 
 import torch
 
+from .._dispatch import TRITON_AVAILABLE, choose_impl
 from . import cpu
-
-try:
-    import triton  # noqa: F401  (only probed here; the kernels are imported on first use, see _triton_kernels)
-
-    TRITON_AVAILABLE = True
-except ImportError:
-    TRITON_AVAILABLE = False
 
 IMPL_ENV = "E2EPROF_SWIGLU_IMPL"
 
@@ -35,30 +28,9 @@ def _triton_kernels():
     return triton_kernels
 
 
-def _interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def _choose_impl(t: torch.Tensor) -> str:
     """Pick "triton" or "cpu" for tensor `t`, or raise: never a silent fallback to the stock ops."""
-    if t.device.type == "cuda":
-        if not TRITON_AVAILABLE:
-            raise RuntimeError("e2eprof::swiglu got a CUDA tensor but triton is not installed; refusing to fall "
-                               "back to F.silu(gate) * up (install triton, or do not apply the swiglu patch)")
-        return "triton"
-    if t.device.type != "cpu":
-        raise RuntimeError(f"e2eprof::swiglu has no implementation for device {t.device}")
-    choice = os.environ.get(IMPL_ENV, "").strip().lower()
-    if choice in ("", "auto", "cpu"):
-        return "cpu"
-    if choice == "triton":
-        if not TRITON_AVAILABLE:
-            raise RuntimeError(f"{IMPL_ENV}=triton but triton is not installed")
-        if not _interpreter_on():
-            raise RuntimeError(f"{IMPL_ENV}=triton on a CPU tensor needs TRITON_INTERPRET=1, set before triton is "
-                               "first imported")
-        return "triton"
-    raise ValueError(f"{IMPL_ENV} must be 'cpu', 'triton' or 'auto', got {choice!r}")
+    return choose_impl(t, op="swiglu", env_var=IMPL_ENV, stock="F.silu(gate) * up", triton_available=TRITON_AVAILABLE)
 
 
 def _check_args(*named: tuple[str, torch.Tensor]) -> None:

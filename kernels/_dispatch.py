@@ -1,0 +1,51 @@
+"""Which implementation a built-in kernel runs: Triton on CUDA, the real CPU implementation on the CPU.
+
+Shared by every kernel's op.py. There is deliberately no fallback to the stock PyTorch op: a patch that silently
+runs the stock op is exactly what e2eprof must catch, so a missing implementation raises instead. On the CPU an
+environment variable per kernel (e.g. E2EPROF_FASTSOFTMAX_IMPL=triton) forces the Triton kernels, which is only
+meaningful under TRITON_INTERPRET=1 (the tests use it to run the Triton code without a GPU).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton  # noqa: F401  (only probed here; each kernel imports its Triton module on first use)
+
+    TRITON_AVAILABLE = True
+except ImportError:
+    TRITON_AVAILABLE = False
+
+
+def interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def choose_impl(t: torch.Tensor, *, op: str, env_var: str, stock: str, triton_available: bool) -> str:
+    """"triton" or "cpu" for tensor `t`, or raise.
+
+    op: the kernel's name for messages ("fastsoftmax"); stock: what it replaces ("torch.softmax"); triton_available:
+    passed by the caller (read from its own module at call time, so tests can switch it off per kernel).
+    """
+    if t.device.type == "cuda":
+        if not triton_available:
+            raise RuntimeError(
+                f"e2eprof::{op} got a CUDA tensor but triton is not installed; refusing to fall back to {stock} "
+                f"(install triton, or do not apply the {op} patch)"
+            )
+        return "triton"
+    if t.device.type != "cpu":
+        raise RuntimeError(f"e2eprof::{op} has no implementation for device {t.device}")
+    choice = os.environ.get(env_var, "").strip().lower()
+    if choice in ("", "auto", "cpu"):
+        return "cpu"
+    if choice == "triton":
+        if not triton_available:
+            raise RuntimeError(f"{env_var}=triton but triton is not installed")
+        if not interpreter_on():
+            raise RuntimeError(f"{env_var}=triton on a CPU tensor needs TRITON_INTERPRET=1, set before triton is first imported")
+        return "triton"
+    raise ValueError(f"{env_var} must be 'cpu', 'triton' or 'auto', got {choice!r}")
