@@ -64,9 +64,18 @@ def _conditions(balance: list[dict] | None) -> tuple[list[str], list[str]]:
     return imbalance, notes
 
 
+def _more_steps(half_width: float, target: float) -> str:
+    """What would settle it: an interval's width shrinks roughly with the square root of the number of steps."""
+    if not (math.isfinite(half_width) and half_width > target > 0):
+        return ": raise --steps or --budget"
+    factor = (half_width / target) ** 2
+    return f": about {factor:.0f}x as many timed steps (raise --steps or --budget) would resolve {target * 100:g}%"
+
+
 def decide(*, correct: bool, kernel_ran: bool, baseline_clean: bool, arm_failed: bool, n_baseline: int,
            n_patched: int, ratio: float, ci_low: float, ci_high: float, min_speedup: float,
-           balance: list[dict] | None = None, p_adjusted: float = math.nan, alpha: float = 0.05) -> Verdict:
+           balance: list[dict] | None = None, p_adjusted: float = math.nan, alpha: float = 0.05,
+           target_half_width: float = 0.01) -> Verdict:
     """Apply the sign-off rules for one workload (or sweep point); see the module docstring.
 
     balance: telemetry.arm_balance rows. Arms that ran at different clocks or temperatures cannot PASS (the
@@ -108,8 +117,8 @@ def decide(*, correct: bool, kernel_ran: bool, baseline_clean: bool, arm_failed:
                        f"faster, but the interval's lower bound {ci_low:.4f} is under the margin 1+{min_speedup:g}")
     half = (ci_high - ci_low) / 2
     return Verdict(INCONCLUSIVE, [NO_SIGNIFICANT_DIFFERENCE, *notes],
-                   f"speedup {ratio:.4f} with interval [{ci_low:.4f}, {ci_high:.4f}]; "
-                   f"a difference under ~{half * 100:.1f}% cannot be resolved with this many steps: raise --steps")
+                   f"speedup {ratio:.4f} with interval [{ci_low:.4f}, {ci_high:.4f}]; a difference under "
+                   f"~{half * 100:.1f}% cannot be resolved with this many steps{_more_steps(half, target_half_width)}")
 
 
 def decide_aa(*, correct: bool, arm_failed: bool, n_baseline: int, n_patched: int, ratio: float, ci_low: float,

@@ -150,3 +150,9 @@ def test_aa_too_few_samples_and_failures():
     assert v.decide_aa(**(AA_GOOD | {"n_patched": 2})).reasons == [v.TOO_FEW_SAMPLES]
     assert v.decide_aa(**(AA_GOOD | {"arm_failed": True})).verdict == FAIL
     assert v.INCORRECT in v.decide_aa(**(AA_GOOD | {"correct": False})).reasons
+
+
+def test_no_difference_says_how_many_more_steps_would_settle_it():
+    result = decide_with(ratio=1.0, ci_low=0.97, ci_high=1.03, target_half_width=0.01)
+    assert result.reasons == [v.NO_SIGNIFICANT_DIFFERENCE]
+    assert "about 9x as many timed steps" in result.advice  # (0.03 / 0.01) ** 2
