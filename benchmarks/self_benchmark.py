@@ -1,0 +1,526 @@
+"""e2eprof measuring itself (issue 8): false-alarm rate, sensitivity, overhead, cost and agreement with other timers.
+
+Each part fits one 10-minute device call and writes OUT/<part>.parquet (one row per run or measurement) and
+OUT/<part>.md (the measured figure, the target, pass or miss, date, versions, command). Rows already in
+OUT/<part>.parquet from an earlier call are kept and the figure is derived from all of them, so a part too long for
+one call (20 A/A runs) is run as several calls into the same OUT.
+
+  aa           --runs N `e2eprof calibrate` runs (fresh processes)        target: <= 5% significant
+  sensitivity  planted slowdowns (--levels), --runs N each, --budget 60 s   target: 1% detected in >= 90% of runs
+  overhead     step time bare vs NVML sampler vs sampler + e2eprof's per-step bookkeeping   target: < 0.5%
+  cost         default `compare --model gpt2 --patch fastsoftmax` by phases.parquet    target: < 3 min, timing >= half
+  agreement    profiled softmax kernel time vs triton do_bench and torch.utils.benchmark   target: within 5%
+
+Runs shell out to `python3 -m e2eprof ...` and read their Parquet; nothing is installed.
+Usage (from the checkout): PYTHONPATH=$PWD python3 benchmarks/self_benchmark.py --part aa --runs 10 --out DIR
+CPU dry run: add --model gpt2-tiny --runs 1 --steps 6 (parts that need CUDA record why they were skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from e2eprof.config import DeviceDefaults, resolve_device
+from e2eprof.env import capture_environment
+from e2eprof.errors import E2EProfError, UsageError
+
+PARTS = ("aa", "sensitivity", "overhead", "cost", "agreement")
+DEFAULT_LEVELS = (0.005, 0.01, 0.02, 0.05)
+UNRESOLVED = "unresolved"  # a figure whose interval spans the target: neither met nor missed
+CONFIDENCE = 0.95  # e2eprof's default policy: significant = interval excludes 1 and adjusted p < 1 - confidence
+TARGETS = {
+    "aa": "at most 5% of A/A runs significant",
+    "sensitivity": "a planted 1% slowdown detected (FAIL, SLOWER) in at least 90% of runs",
+    "overhead": "sampler + bookkeeping cost under 0.5% of step time (the whole 95% interval)",
+    "cost": "default compare under 180 s in all, timing at least half of it",
+    "agreement": "profiled kernel time within 5% of do_bench and torch.utils.benchmark",
+}
+
+
+@dataclass
+class Settings:
+    """What every part runs with: the model and workload, and the e2eprof options passed through (None: its default)."""
+
+    model: str
+    workload: str
+    device: str
+    out: Path
+    runs: int
+    deadline_s: float
+    steps: int | None
+    block_steps: int | None
+    batch: int | None
+    seq: int | None
+    dtype: str | None
+    budget: float | None
+    command: str
+    started: float
+
+    def passthrough(self) -> list[str]:
+        """The tiny-settings options every e2eprof run of this benchmark gets."""
+        args = ["--device", self.device]
+        for flag, value in (("--steps", self.steps), ("--block-steps", self.block_steps), ("--batch", self.batch),
+                            ("--seq", self.seq), ("--dtype", self.dtype)):
+            if value is not None:
+                args += [flag, str(value)]
+        return args
+
+    def time_left(self) -> bool:
+        """False once --deadline seconds have passed: no new run starts, what ran is written."""
+        return time.perf_counter() - self.started < self.deadline_s
+
+    def resolved(self) -> DeviceDefaults:
+        """e2eprof's defaults on this device, with the passed-through values applied (for in-process parts)."""
+        defaults = DeviceDefaults.for_device(self.device)
+        return DeviceDefaults(**{**defaults.__dict__, **{k: v for k, v in (
+            ("batch", self.batch), ("seq", self.seq), ("steps", self.steps), ("block_steps", self.block_steps),
+            ("precision", self.dtype)) if v is not None}})
+
+
+# ---- running e2eprof and reading what it wrote ------------------------------------------------------------------
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    command: str
+    exit_code: int
+    wall_s: float
+    error: str  # empty when the run wrote its summary
+
+
+def run_e2eprof(args: list[str], run_dir: Path, env: dict | None = None) -> RunResult:
+    """One e2eprof command in a fresh process; its output goes to RUN_DIR.log, never to our stdout."""
+    argv = [sys.executable, "-m", "e2eprof", *args, "--out", str(run_dir), "--force"]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    shown = " ".join(shlex.quote(a) for a in ["python3", *argv[1:]])
+    if env:
+        shown = " ".join(f"{k}={v}" for k, v in env.items()) + " " + shown
+    start = time.perf_counter()
+    with open(f"{run_dir}.log", "w") as log:
+        code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    wall = time.perf_counter() - start
+    # 0 PASS, 1 FAIL, 3 INCONCLUSIVE are verdicts; 2 (bad input) and 4 (run failed) are not.
+    error = "" if code in (0, 1, 3) and (run_dir / "summary.parquet").exists() else f"exit {code}, see {run_dir}.log"
+    print(f"  {run_dir.name}: exit {code}, {wall:.1f} s{'  ' + error if error else ''}", flush=True)
+    return RunResult(run_dir, shown, code, wall, error)
+
+
+def signed_row(run_dir: Path) -> pd.Series:
+    """The summary row that carries the verdict: the patched arm, or the second baseline of an A/A run."""
+    summary = pd.read_parquet(run_dir / "summary.parquet")
+    return summary[summary.verdict.notna()].iloc[0]
+
+
+def verdict_columns(row: pd.Series) -> dict:
+    significant = bool((row.ci_low > 1 or row.ci_high < 1) and row.mw_p_adjusted < 1 - CONFIDENCE)
+    return {"verdict": row.verdict, "reasons": row.reasons, "speedup": float(row.speedup_vs_baseline),
+            "ci_low": float(row.ci_low), "ci_high": float(row.ci_high), "mw_p_adjusted": float(row.mw_p_adjusted),
+            "significant": significant, "blocks": int(row.blocks), "timing_s": float(row.timing_s),
+            "stop_reason": row.stop_reason}
+
+
+def baseline_median_ms(run_dir: Path, workload: str) -> float:
+    summary = pd.read_parquet(run_dir / "summary.parquet")
+    return float(summary[(summary.arm == "baseline") & (summary.workload == workload)].median_ms.iloc[0])
+
+
+def failed_row(result: RunResult) -> dict:
+    return {"exit_code": result.exit_code, "wall_s": result.wall_s, "error": result.error, "command": result.command}
+
+
+# ---- the parts ----------------------------------------------------------------------------------------------------
+
+def part_aa(s: Settings, first: int) -> list[dict]:
+    """A/A calibration runs, each its own `e2eprof calibrate` (fresh processes); seed = run index."""
+    rows = []
+    budget = [] if s.budget is None else ["--budget", str(s.budget)]
+    for i in range(first, first + s.runs):
+        if not s.time_left():
+            break
+        result = run_e2eprof(["calibrate", "--model", s.model, "--workload", s.workload, "--seed", str(i),
+                              *s.passthrough(), *budget], s.out / "runs" / f"aa-{i:03d}")
+        row = {"run": i} | failed_row(result)
+        if not result.error:
+            row |= verdict_columns(signed_row(result.run_dir))
+            row["baseline_median_ms"] = baseline_median_ms(result.run_dir, s.workload)
+        rows.append(row)
+    return rows
+
+
+def softmax_calls_per_step(model: str, workload: str) -> int:
+    """How often one step of WORKLOAD calls the planted op: counted on a one-step CPU capture (any batch gives the same)."""
+    from e2eprof.microbench.capture import capture_shapes
+    from e2eprof.registry import load_patch
+
+    specs = capture_shapes(load_patch("planted-slowdown").patch, model, device="cpu", precision="fp32", batch=1,
+                           seq=8, workloads=(workload,))
+    return sum(spec.calls_per_step for spec in specs if spec.workload == workload)
+
+
+def part_sensitivity(s: Settings, first: int, levels: list[float], baseline_ms: float | None) -> list[dict]:
+    """Planted slowdowns of each level: extra device work per softmax call sized from a measured baseline median."""
+    if s.workload not in ("train", "infer"):
+        raise UsageError("--workload: sensitivity needs train or infer (generate calls softmax once per token)")
+    calls = softmax_calls_per_step(s.model, s.workload)
+    baseline_run = ""
+    if baseline_ms is None:
+        # As benchmarks/h200_signoff.sh: the baseline's median step from an A/A run of the same settings.
+        result = run_e2eprof(["calibrate", "--model", s.model, "--workload", s.workload, *s.passthrough()],
+                             s.out / "runs" / f"sensitivity-baseline-{first:03d}")
+        if result.error:
+            raise E2EProfError(f"the baseline run for the planted delay failed: {result.error}")
+        baseline_ms, baseline_run = baseline_median_ms(result.run_dir, s.workload), result.command
+    budget = str(60.0 if s.budget is None else s.budget)
+    rows = []
+    for level in levels:
+        delay_us = level * baseline_ms * 1e3 / calls
+        for i in range(first, first + s.runs):
+            if not s.time_left():
+                return rows
+            result = run_e2eprof(
+                ["compare", "--model", s.model, "--patch", "planted-slowdown", "--workload", s.workload,
+                 "--reference", "none", "--no-profile", "--budget", budget, "--seed", str(i), *s.passthrough()],
+                s.out / "runs" / f"planted-{level * 100:g}pct-{i:03d}",
+                env={"E2EPROF_PLANTED_DELAY_US": f"{delay_us:.3f}"})
+            row = {"level": level, "run": i, "delay_us": delay_us, "calls_per_step": calls,
+                   "baseline_median_ms": baseline_ms, "baseline_command": baseline_run} | failed_row(result)
+            if not result.error:
+                row |= verdict_columns(signed_row(result.run_dir))
+                row["detected"] = row["verdict"] == "FAIL" and "SLOWER" in str(row["reasons"])
+                row["measured_slowdown"] = 1 / row["speedup"] - 1
+            rows.append(row)
+    return rows
+
+
+def part_overhead(s: Settings, blocks: int) -> list[dict]:
+    """Step time bare, with the NVML sampler, and with the sampler and e2eprof's own per-step bookkeeping.
+
+    Worst case on purpose, as benchmarks/sampler_overhead.py: the sampler thread runs in the stepping process (in
+    `compare` it runs in the parent). The bookkeeping is the real thing: ArmWorker.block, which a worker runs for
+    every timed block (device-wide synchronize, CUDA events, timestamps). Conditions rotate within each block so
+    drift cancels; every step is timed from outside by the same clock.
+    """
+    import torch
+
+    from e2eprof.telemetry import open_sampler
+    from e2eprof.worker import ArmSpec, ArmWorker, WorkerSetup
+
+    d = s.resolved()
+    worker = ArmWorker(WorkerSetup(arm=ArmSpec("baseline", "eager", False), model=s.model, patch_spec="fastsoftmax",
+                                   device=s.device, precision=d.precision, seed=0, batch=d.batch, seq=d.seq,
+                                   new_tokens=d.new_tokens, scratch_dir=str(s.out / "runs")))
+    worker.build()
+    # The worker's own workload object and batches, so bare steps run exactly what its timed steps run.
+    workload = worker._workload(s.workload)
+    device = torch.device(s.device)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def bare(i: int) -> None:
+        workload.step(worker.batches[i % len(worker.batches)])
+
+    def booked(i: int) -> None:
+        worker.block(s.workload, i, 1)
+
+    probe = open_sampler(s.device)
+    sampler_note = "" if probe.available else probe.unavailable_reason
+    conditions = {"bare": (bare, False), "sampler": (bare, True), "sampler+bookkeeping": (booked, True)}
+    for i in range(max(d.max_warmup_steps, 3)):
+        bare(i)
+    sync()
+    rows = []
+    names = list(conditions)
+    for block in range(blocks):
+        for name in names[block % 3:] + names[:block % 3]:
+            step, sampling = conditions[name]
+            sampler = open_sampler(s.device) if sampling else None
+            if sampler is not None and sampler.available:
+                sampler.start()
+            for k in range(d.block_steps):
+                sync()
+                t0 = time.perf_counter_ns()
+                step(block * d.block_steps + k)
+                sync()
+                rows.append({"condition": name, "block": block, "step": k,
+                             "step_ms": (time.perf_counter_ns() - t0) / 1e6, "sampler_note": sampler_note})
+            if sampler is not None and sampler.available:
+                sampler.stop()
+    return rows
+
+
+def part_cost(s: Settings) -> list[dict]:
+    """The default compare of gpt2 + fastsoftmax, its wall time split by phases.parquet, then `e2eprof report`."""
+    budget = [] if s.budget is None else ["--budget", str(s.budget)]
+    run_dir = s.out / "runs" / "cost-compare"
+    result = run_e2eprof(["compare", "--model", s.model, "--patch", "fastsoftmax", *s.passthrough(), *budget],
+                         run_dir)
+    if result.error:
+        return [{"phase": "compare", "workload": "*", "seconds": result.wall_s} | failed_row(result)]
+    phases = pd.read_parquet(run_dir / "phases.parquet")
+    rows = [{"phase": r.phase, "workload": r.workload, "seconds": float(r.seconds)} for r in phases.itertuples()]
+    # Interpreter start, imports, summary and Parquet writing: inside the process wall but in no recorded phase.
+    rows.append({"phase": "unattributed (start-up, summary, writing)", "workload": "*",
+                 "seconds": result.wall_s - float(phases.seconds.sum())})
+    start = time.perf_counter()
+    report = subprocess.run([sys.executable, "-m", "e2eprof", "report", str(run_dir)], capture_output=True, text=True)
+    rows.append({"phase": "report (e2eprof report)", "workload": "*", "seconds": time.perf_counter() - start,
+                 "error": "" if report.returncode == 0 else report.stderr.strip()[-300:]})
+    return [r | {"exit_code": result.exit_code, "compare_wall_s": result.wall_s, "command": result.command,
+                 "error": r.get("error", "")} for r in rows]
+
+
+def part_agreement(s: Settings) -> list[dict]:
+    """Per-call forward kernel time of the replaced softmax, stock and patched: e2eprof's profile vs two other timers.
+
+    The independent timers get the op's real inputs: shape, dtype and strides captured from one step of the model
+    (GPT-2's softmax input is fp32 under bf16 autocast: the fp32 mask promotes it).
+    """
+    if not s.device.startswith("cuda"):
+        return [{"arm": "-", "status": "skipped", "reason": f"needs CUDA (triton.testing.do_bench); device is {s.device}"}]
+    import torch
+    import triton.testing
+    from torch.utils import benchmark
+
+    from e2eprof.microbench.bench import draw_inputs, op_for
+    from e2eprof.microbench.capture import capture_shapes
+    from e2eprof.registry import load_patch
+
+    run_dir = s.out / "runs" / "agreement-compare"
+    result = run_e2eprof(["compare", "--model", s.model, "--patch", "fastsoftmax", "--workload", s.workload,
+                          "--reference", "none", "--budget", "0", *s.passthrough()], run_dir)
+    if result.error:
+        return [{"arm": "-", "status": "failed"} | failed_row(result)]
+    ops = pd.read_parquet(run_dir / "ops.parquet")
+    kernels = pd.read_parquet(run_dir / "kernels.parquet")
+    d = s.resolved()
+    patch = load_patch("fastsoftmax").patch
+    specs = [sp for sp in capture_shapes(patch, s.model, device=s.device, precision=d.precision, batch=d.batch,
+                                         seq=d.seq, workloads=(s.workload,)) if sp.workload == s.workload]
+    spec = max(specs, key=lambda sp: sp.calls_per_step)  # GPT-2: one softmax shape, called once per layer
+    op = op_for(patch, spec)
+    inputs = draw_inputs(spec)
+    rows = []
+    for arm, fn in (("baseline", op.eager), ("patched", op.replacement)):
+        def call(fn=fn):
+            with torch.no_grad(), spec.context():
+                fn(*inputs.args, **inputs.kwargs)
+
+        # The forward kernels e2eprof attributed to the replaced region of this arm.
+        region = ops[(ops.arm == arm) & (ops.workload == s.workload) & ops.in_replaced & (ops.direction == "fwd")
+                     & (ops.self_device_us > 0)]
+        names = set(region.kernels.str.split("; ").explode()) - {""}
+        mine = kernels[(kernels.arm == arm) & (kernels.workload == s.workload) & kernels.kernel.isin(names)]
+        e2eprof_us = float(mine.median_us.sum())
+        do_bench_us = triton.testing.do_bench(call, warmup=50, rep=500, return_mode="median") * 1e3
+        timer = benchmark.Timer(stmt="call()", globals={"call": call}).blocked_autorange(min_run_time=2.0)
+        timer_us = timer.median * 1e6
+        rows.append({"arm": arm, "status": "measured", "shape": spec.signature(), "kernels": "; ".join(sorted(names)),
+                     "e2eprof_us": e2eprof_us, "do_bench_us": do_bench_us, "timer_us": timer_us,
+                     "vs_do_bench": e2eprof_us / do_bench_us - 1, "vs_timer": e2eprof_us / timer_us - 1,
+                     "command": result.command})
+    return rows
+
+
+# ---- figures and markdown -----------------------------------------------------------------------------------------
+
+def binomial_upper(k: int, n: int, confidence: float = 0.95) -> float:
+    """Clopper-Pearson one-sided upper bound on a rate seen k times in n (how bad it could still be)."""
+    if n == 0 or k >= n:
+        return 1.0
+    lo, hi = k / n, 1.0
+    for _ in range(60):  # bisection on P(X <= k | p) = 1 - confidence
+        p = (lo + hi) / 2
+        cdf = sum(math.comb(n, j) * p**j * (1 - p) ** (n - j) for j in range(k + 1))
+        lo, hi = (p, hi) if cdf > 1 - confidence else (lo, p)
+    return hi
+
+
+def binomial_lower(k: int, n: int, confidence: float = 0.95) -> float:
+    return 1 - binomial_upper(n - k, n, confidence) if n else 0.0
+
+
+def figure(part: str, table: pd.DataFrame) -> tuple[str, bool | None, list[str]]:
+    """The part's headline figure, whether it meets the target (None: nothing measured), and detail lines."""
+    ok = table[table.get("error", pd.Series("", index=table.index)).fillna("") == ""] if len(table) else table
+    if part == "aa":
+        n = len(ok)
+        if not n:
+            return "no completed A/A run", None, []
+        k = int(ok.significant.sum())
+        detail = [f"verdicts: {ok.verdict.value_counts().to_dict()}; median noise floor (CI half-width) "
+                  f"{((ok.ci_high - ok.ci_low) / 2).median() * 100:.2f}%"]
+        return (f"{k} of {n} A/A runs significant ({k / n:.0%}; 95% upper bound {binomial_upper(k, n):.0%})",
+                k / n <= 0.05, detail)
+    if part == "sensitivity":
+        if not len(ok):
+            return "no completed planted run", None, []
+        lines, verdict = [], None
+        for level, g in ok.groupby("level"):
+            k, n = int(g.detected.sum()), len(g)
+            lines.append(f"| {level:.1%} | {g.delay_us.iloc[0]:.1f} | {n} | {k} | {k / n:.0%} (>= {binomial_lower(k, n):.0%}) "
+                         f"| {g.measured_slowdown.median():+.2%} | {g.timing_s.median():.1f} |")
+            if math.isclose(level, 0.01):
+                verdict = k / n >= 0.9
+        one = ok[ok.level.round(6) == 0.01]
+        text = (f"1% detected in {int(one.detected.sum())} of {len(one)} runs" if len(one)
+                else "the 1% level was not run")
+        head = ["| planted | delay per call us | runs | detected | rate (95% lower bound) | measured slowdown (median) "
+                "| timed s (median) |", "|---|---|---|---|---|---|---|"]
+        return text, verdict, head + lines
+    if part == "overhead":
+        from e2eprof import stats
+
+        bare = ok[ok.condition == "bare"]
+        lines, verdict = [], None
+        for name in ("sampler", "sampler+bookkeeping"):
+            cond = ok[ok.condition == name]
+            ci = stats.ratio_of_medians_ci(list(bare.step_ms), list(cond.step_ms), baseline_blocks=list(bare.block),
+                                           candidate_blocks=list(cond.block))
+            cost = 1 / ci.ratio - 1
+            lines.append(f"- {name}: median {cond.step_ms.median():.3f} ms vs bare {bare.step_ms.median():.3f} ms: "
+                         f"{cost:+.3%} (95% CI [{1 / ci.high - 1:+.3%}, {1 / ci.low - 1:+.3%}])")
+            if name == "sampler+bookkeeping":
+                # Judged on the interval, not the point estimate: noise must not pass (or fail) the target.
+                low, high = 1 / ci.high - 1, 1 / ci.low - 1
+                verdict = True if high < 0.005 else False if low > 0.005 else UNRESOLVED
+                text = f"sampler + bookkeeping: {cost:+.3%} of step time (95% CI [{low:+.3%}, {high:+.3%}])"
+        note = ok.sampler_note.dropna().iloc[0] if ok.sampler_note.dropna().ne("").any() else ""
+        if note:
+            lines.append(f"- sampler not running: {note}")
+        return text, verdict, lines
+    if part == "cost":
+        if "compare_wall_s" not in table or table.get("error", pd.Series(dtype=str)).fillna("").iloc[0]:
+            return "the compare run failed", None, []
+        total = float(table.compare_wall_s.iloc[0]) + float(table[table.phase.str.startswith("report")].seconds.sum())
+        timing = float(table[table.phase == "timing"].seconds.sum())
+        by_phase = table.groupby("phase", sort=False).seconds.sum()
+        lines = ["| phase | seconds | share |", "|---|---|---|"] + [
+            f"| {p} | {v:.1f} | {v / total:.0%} |" for p, v in by_phase.items()]
+        lines.append("- `e2eprof microbench` is a separate command, not part of compare: not counted here.")
+        return (f"{total:.0f} s in all, timing {timing:.0f} s ({timing / total:.0%})",
+                total < 180 and timing >= total / 2, lines)
+    if part == "agreement":
+        measured = table[table.status == "measured"]
+        if not len(measured):
+            return f"not measured: {table.reason.iloc[0] if 'reason' in table else table.error.iloc[0]}", None, []
+        worst = float(measured[["vs_do_bench", "vs_timer"]].abs().max().max())
+        lines = ["| arm | kernel | e2eprof us | do_bench us | Timer us | vs do_bench | vs Timer |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r.arm} | {r.kernels[:60]} | {r.e2eprof_us:.1f} | {r.do_bench_us:.1f} | {r.timer_us:.1f} | "
+                  f"{r.vs_do_bench:+.1%} | {r.vs_timer:+.1%} |" for r in measured.itertuples()]
+        lines.append(f"- shape: `{measured['shape'].iloc[0]}`")
+        return f"largest disagreement {worst:.1%}", worst <= 0.05, lines
+    raise ValueError(part)
+
+
+def versions(device: str) -> dict:
+    env = capture_environment(device)
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "gpu": env.get("gpu_name") or env.get("cpu_model") or "cpu", "python": env["python"], "torch": env["torch"],
+            "transformers": env["transformers"], "triton": env["triton"]}
+
+
+def markdown(part: str, table: pd.DataFrame, s: Settings) -> str:
+    text, meets, detail = figure(part, table)
+    mark = {True: "met", False: "MISSED", None: "not measured", UNRESOLVED: "not resolved (interval spans the target)"}[meets]
+    env = " ".join(f"{k} {', '.join(map(str, table[k].dropna().unique()))}" for k in
+                   ("gpu", "python", "torch", "transformers", "triton") if k in table)
+    dates = sorted(table.date.dropna().unique()) if "date" in table else []
+    return "\n".join([
+        f"## {part}", "",
+        f"- measured: {text}", f"- target: {TARGETS[part]}: **{mark}**",
+        f"- date: {', '.join(dates)}; {env}; model {s.model}, workload {s.workload}",
+        f"- reproduce: `{s.command}`", "", *detail, ""])
+
+
+def write(part: str, new_rows: list[dict], s: Settings, keep_old: bool) -> pd.DataFrame:
+    """Append this call's rows to OUT/<part>.parquet (earlier calls' rows kept) and rewrite OUT/<part>.md."""
+    path = s.out / f"{part}.parquet"
+    stamp = versions(s.device) | {"self_benchmark_command": s.command}
+    frame = pd.DataFrame([r | stamp for r in new_rows])
+    if keep_old and path.exists():
+        frame = pd.concat([pd.read_parquet(path), frame], ignore_index=True)
+    frame.to_parquet(path, index=False)
+    (s.out / f"{part}.md").write_text(markdown(part, frame, s))
+    return frame
+
+
+def first_run_index(s: Settings, part: str) -> int:
+    """Runs continue numbering (and seeds) after those already in OUT/<part>.parquet."""
+    path = s.out / f"{part}.parquet"
+    if not path.exists():
+        return 0
+    old = pd.read_parquet(path)
+    return int(old.run.max()) + 1 if "run" in old and len(old) else 0
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--part", required=True, choices=PARTS)
+    p.add_argument("--runs", type=int, default=10, help="runs in this call (aa), or per level (sensitivity)")
+    p.add_argument("--levels", default=",".join(map(str, DEFAULT_LEVELS)), help="planted slowdowns, fractions")
+    p.add_argument("--baseline-ms", type=float, help="sensitivity: baseline median step (skips measuring it)")
+    p.add_argument("--blocks", type=int, default=16, help="overhead: blocks of each condition")
+    p.add_argument("--model", default="gpt2")
+    p.add_argument("--workload", default="train")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--deadline", type=float, default=540.0, help="seconds after which no new run starts")
+    for flag in ("--steps", "--block-steps", "--batch", "--seq"):
+        p.add_argument(flag, type=int, help="passed to every e2eprof run (tiny settings for a dry run)")
+    p.add_argument("--dtype")
+    p.add_argument("--budget", type=float, help="seconds of timed steps per workload (sensitivity default 60)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    a = parse(argv)
+    try:
+        if a.runs < 1 or a.blocks < 2 or a.deadline <= 0:
+            raise UsageError("--runs must be >= 1, --blocks >= 2 and --deadline > 0")
+        try:
+            levels = [float(x) for x in a.levels.split(",")]
+        except ValueError:
+            raise UsageError(f"--levels: comma-separated fractions such as 0.01,0.02, got {a.levels!r}") from None
+        if not all(0 < x < 1 for x in levels):
+            raise UsageError(f"--levels: fractions between 0 and 1, got {a.levels!r}")
+        a.out.mkdir(parents=True, exist_ok=True)
+        s = Settings(model=a.model, workload=a.workload, device=resolve_device(a.device), out=a.out, runs=a.runs,
+                     deadline_s=a.deadline, steps=a.steps, block_steps=a.block_steps, batch=a.batch, seq=a.seq,
+                     dtype=a.dtype, budget=a.budget, started=time.perf_counter(),
+                     command=" ".join(shlex.quote(x) for x in ["python3", "benchmarks/self_benchmark.py", *argv]))
+        print(f"self-benchmark {a.part} on {s.device}: {s.model} {s.workload} -> {s.out}", flush=True)
+        if a.part == "aa":
+            rows, keep = part_aa(s, first_run_index(s, "aa")), True
+        elif a.part == "sensitivity":
+            rows, keep = part_sensitivity(s, first_run_index(s, "sensitivity"), levels, a.baseline_ms), True
+        elif a.part == "overhead":
+            rows, keep = part_overhead(s, a.blocks), False
+        elif a.part == "cost":
+            rows, keep = part_cost(s), False
+        else:
+            rows, keep = part_agreement(s), False
+        if not rows:
+            raise E2EProfError("no run started before --deadline")
+        write(a.part, rows, s, keep)
+        print((s.out / f"{a.part}.md").read_text(), flush=True)
+    except E2EProfError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
