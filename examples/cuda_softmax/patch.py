@@ -32,7 +32,8 @@ CALLS: Counter = Counter()  # "cuda.fwd" / "cpu.fwd": which implementation each 
 
 def _build(name: str, **sources: str):
     """Compile (or load from the cache) one extension with load_inline; raise one clear RuntimeError on failure."""
-    from torch.utils.cpp_extension import load_inline  # imported on first use: it is slow to import
+    # Imported on first use: torch.utils.cpp_extension is slow to import and only the patched arm needs it.
+    from torch.utils.cpp_extension import load_inline
 
     digest = hashlib.sha256(repr(sorted(sources.items())).encode() + torch.__version__.encode()).hexdigest()[:12]
     root = Path(os.environ.get(BUILD_DIR_ENV) or Path.home() / ".cache" / "e2eprof" / "build")
