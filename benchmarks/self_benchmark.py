@@ -54,6 +54,7 @@ class Settings:
 
     model: str
     workload: str
+    workload_given: bool  # the cost part runs every workload, as the default compare does, unless one was named
     device: str
     out: Path
     runs: int
@@ -75,6 +76,10 @@ class Settings:
             if value is not None:
                 args += [flag, str(value)]
         return args
+
+    def options(self) -> str:
+        """The passed-through options as text: rows measured with different options are not mixed."""
+        return " ".join(self.passthrough())
 
     def time_left(self) -> bool:
         """False once --deadline seconds have passed: no new run starts, what ran is written."""
@@ -168,12 +173,27 @@ def softmax_calls_per_step(model: str, workload: str) -> int:
     return sum(spec.calls_per_step for spec in specs if spec.workload == workload)
 
 
+def aa_baseline_ms(s: Settings) -> tuple[float | None, str]:
+    """The median baseline step of this OUT's A/A runs with the same model, workload and options, if any."""
+    path = s.out / "aa.parquet"
+    if not path.exists():
+        return None, ""
+    aa = pd.read_parquet(path)
+    same = aa[(aa.model == s.model) & (aa.workload == s.workload) & (aa.e2eprof_options == s.options())
+              & (aa.error.fillna("") == "")]
+    if not len(same):
+        return None, ""
+    return float(same.baseline_median_ms.median()), f"median of {len(same)} A/A runs in {path}"
+
+
 def part_sensitivity(s: Settings, first: int, levels: list[float], baseline_ms: float | None) -> list[dict]:
     """Planted slowdowns of each level: extra device work per softmax call sized from a measured baseline median."""
     if s.workload not in ("train", "infer"):
         raise UsageError("--workload: sensitivity needs train or infer (generate calls softmax once per token)")
     calls = softmax_calls_per_step(s.model, s.workload)
     baseline_run = ""
+    if baseline_ms is None:
+        baseline_ms, baseline_run = aa_baseline_ms(s)
     if baseline_ms is None:
         # As benchmarks/h200_signoff.sh: the baseline's median step from an A/A run of the same settings.
         result = run_e2eprof(["calibrate", "--model", s.model, "--workload", s.workload, *s.passthrough()],
@@ -265,8 +285,10 @@ def part_cost(s: Settings) -> list[dict]:
     """The default compare of gpt2 + fastsoftmax, its wall time split by phases.parquet, then `e2eprof report`."""
     budget = [] if s.budget is None else ["--budget", str(s.budget)]
     run_dir = s.out / "runs" / "cost-compare"
-    result = run_e2eprof(["compare", "--model", s.model, "--patch", "fastsoftmax", *s.passthrough(), *budget],
-                         run_dir)
+    # Every workload unless --workload was given (a CPU dry run keeps to one).
+    workload = ["--workload", s.workload] if s.workload_given else []
+    result = run_e2eprof(["compare", "--model", s.model, "--patch", "fastsoftmax", *workload, *s.passthrough(),
+                          *budget], run_dir)
     if result.error:
         return [{"phase": "compare", "workload": "*", "seconds": result.wall_s} | failed_row(result)]
     phases = pd.read_parquet(run_dir / "phases.parquet")
@@ -275,7 +297,8 @@ def part_cost(s: Settings) -> list[dict]:
     rows.append({"phase": "unattributed (start-up, summary, writing)", "workload": "*",
                  "seconds": result.wall_s - float(phases.seconds.sum())})
     start = time.perf_counter()
-    report = subprocess.run([sys.executable, "-m", "e2eprof", "report", str(run_dir)], capture_output=True, text=True)
+    report = subprocess.run([sys.executable, "-m", "e2eprof", "report", str(run_dir)], capture_output=True, text=True,
+                            check=False)
     rows.append({"phase": "report (e2eprof report)", "workload": "*", "seconds": time.perf_counter() - start,
                  "error": "" if report.returncode == 0 else report.stderr.strip()[-300:]})
     return [r | {"exit_code": result.exit_code, "compare_wall_s": result.wall_s, "command": result.command,
@@ -360,8 +383,8 @@ def figure(part: str, table: pd.DataFrame) -> tuple[str, bool | None, list[str]]
         if not n:
             return "no completed A/A run", None, []
         k = int(ok.significant.sum())
-        detail = [f"verdicts: {ok.verdict.value_counts().to_dict()}; median noise floor (CI half-width) "
-                  f"{((ok.ci_high - ok.ci_low) / 2).median() * 100:.2f}%"]
+        detail = [(f"verdicts: {ok.verdict.value_counts().to_dict()}; median noise floor (CI half-width) "
+                   f"{((ok.ci_high - ok.ci_low) / 2).median() * 100:.2f}%")]
         return (f"{k} of {n} A/A runs significant ({k / n:.0%}; 95% upper bound {binomial_upper(k, n):.0%})",
                 k / n <= 0.05, detail)
     if part == "sensitivity":
@@ -377,8 +400,8 @@ def figure(part: str, table: pd.DataFrame) -> tuple[str, bool | None, list[str]]
         one = ok[ok.level.round(6) == 0.01]
         text = (f"1% detected in {int(one.detected.sum())} of {len(one)} runs" if len(one)
                 else "the 1% level was not run")
-        head = ["| planted | delay per call us | runs | detected | rate (95% lower bound) | measured slowdown (median) "
-                "| timed s (median) |", "|---|---|---|---|---|---|---|"]
+        head = [("| planted | delay per call us | runs | detected | rate (95% lower bound) "
+                 "| measured slowdown (median) | timed s (median) |"), "|---|---|---|---|---|---|---|"]
         return text, verdict, head + lines
     if part == "overhead":
         from e2eprof import stats
@@ -432,28 +455,30 @@ def versions(device: str) -> dict:
             "transformers": env["transformers"], "triton": env["triton"]}
 
 
-def markdown(part: str, table: pd.DataFrame, s: Settings) -> str:
+def markdown(part: str, table: pd.DataFrame) -> str:
     text, meets, detail = figure(part, table)
     mark = {True: "met", False: "MISSED", None: "not measured", UNRESOLVED: "not resolved (interval spans the target)"}[meets]
-    env = " ".join(f"{k} {', '.join(map(str, table[k].dropna().unique()))}" for k in
-                   ("gpu", "python", "torch", "transformers", "triton") if k in table)
+    env = "; ".join(f"{k} {', '.join(map(str, table[k].dropna().unique()))}" for k in
+                    ("gpu", "python", "torch", "transformers", "triton", "model", "workload") if k in table)
     dates = sorted(table.date.dropna().unique()) if "date" in table else []
     return "\n".join([
         f"## {part}", "",
         f"- measured: {text}", f"- target: {TARGETS[part]}: **{mark}**",
-        f"- date: {', '.join(dates)}; {env}; model {s.model}, workload {s.workload}",
-        f"- reproduce: `{s.command}`", "", *detail, ""])
+        f"- date: {', '.join(dates)}; {env}",
+        *[f"- reproduce: `{c}`" for c in table.self_benchmark_command.unique()], "", *detail, ""])
 
 
 def write(part: str, new_rows: list[dict], s: Settings, keep_old: bool) -> pd.DataFrame:
     """Append this call's rows to OUT/<part>.parquet (earlier calls' rows kept) and rewrite OUT/<part>.md."""
     path = s.out / f"{part}.parquet"
-    stamp = versions(s.device) | {"self_benchmark_command": s.command}
+    workload = s.workload if part != "cost" or s.workload_given else "all"
+    stamp = versions(s.device) | {"model": s.model, "workload": workload, "e2eprof_options": s.options(),
+                                  "self_benchmark_command": s.command}
     frame = pd.DataFrame([r | stamp for r in new_rows])
     if keep_old and path.exists():
         frame = pd.concat([pd.read_parquet(path), frame], ignore_index=True)
     frame.to_parquet(path, index=False)
-    (s.out / f"{part}.md").write_text(markdown(part, frame, s))
+    (s.out / f"{part}.md").write_text(markdown(part, frame))
     return frame
 
 
@@ -474,7 +499,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--baseline-ms", type=float, help="sensitivity: baseline median step (skips measuring it)")
     p.add_argument("--blocks", type=int, default=16, help="overhead: blocks of each condition")
     p.add_argument("--model", default="gpt2")
-    p.add_argument("--workload", default="train")
+    p.add_argument("--workload", help="train (default) or infer; the cost part runs all workloads unless given")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--deadline", type=float, default=540.0, help="seconds after which no new run starts")
@@ -497,7 +522,7 @@ def main(argv: list[str]) -> int:
         if not all(0 < x < 1 for x in levels):
             raise UsageError(f"--levels: fractions between 0 and 1, got {a.levels!r}")
         a.out.mkdir(parents=True, exist_ok=True)
-        s = Settings(model=a.model, workload=a.workload, device=resolve_device(a.device), out=a.out, runs=a.runs,
+        s = Settings(model=a.model, workload=a.workload or "train", workload_given=a.workload is not None, device=resolve_device(a.device), out=a.out, runs=a.runs,
                      deadline_s=a.deadline, steps=a.steps, block_steps=a.block_steps, batch=a.batch, seq=a.seq,
                      dtype=a.dtype, budget=a.budget, started=time.perf_counter(),
                      command=" ".join(shlex.quote(x) for x in ["python3", "benchmarks/self_benchmark.py", *argv]))

@@ -1,0 +1,124 @@
+"""benchmarks/self_benchmark.py dry-run on the CPU: every part runs for real on gpt2-tiny with tiny settings and writes
+its Parquet table and markdown section. Parts that need CUDA must say why they did not measure.
+
+The runs share one output folder in file order, as the device calls do: sensitivity takes its baseline from aa.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "self_benchmark.py"
+TINY = ["--model", "gpt2-tiny", "--steps", "6", "--seq", "16"]
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("self-benchmark")
+
+
+def run_part(out: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *args], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done
+
+
+def read(out: Path, part: str) -> tuple[pd.DataFrame, str]:
+    table = pd.read_parquet(out / f"{part}.parquet")
+    text = (out / f"{part}.md").read_text()
+    assert text.startswith(f"## {part}\n")
+    for line in ("- measured: ", "- target: ", "- date: ", "- reproduce: `python3 benchmarks/self_benchmark.py"):
+        assert line in text
+    assert {"date", "gpu", "torch", "transformers", "triton", "model", "self_benchmark_command"} <= set(table.columns)
+    return table, text
+
+
+def load_module():
+    spec = importlib.util.spec_from_file_location("self_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is being built
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_binomial_bounds_match_closed_forms():
+    sb = load_module()
+    # 0 of n: the upper bound solves (1 - p)^n = 0.05; n of n: the lower bound solves p^n = 0.05.
+    assert sb.binomial_upper(0, 20) == pytest.approx(1 - 0.05 ** (1 / 20), abs=1e-6)
+    assert sb.binomial_lower(10, 10) == pytest.approx(0.05 ** (1 / 10), abs=1e-6)
+    assert sb.binomial_upper(3, 20) > 3 / 20 > sb.binomial_lower(3, 20)
+
+
+def test_aa_runs_calibrate_and_records_each_run(out):
+    run_part(out, "--part", "aa", "--runs", "1", *TINY)
+    table, text = read(out, "aa")
+    assert len(table) == 1 and table.run.tolist() == [0] and (table.error == "").all()
+    assert {"verdict", "reasons", "speedup", "ci_low", "ci_high", "mw_p_adjusted", "significant", "blocks",
+            "baseline_median_ms", "command"} <= set(table.columns)
+    assert table.command.iloc[0].startswith("python3 -m e2eprof calibrate --model gpt2-tiny")
+    assert (out / "runs" / "aa-000" / "summary.parquet").exists()
+    assert "A/A runs significant" in text
+
+
+def test_sensitivity_sizes_the_delay_from_the_aa_baseline(out):
+    run_part(out, "--part", "sensitivity", "--runs", "1", "--levels", "0.05", "--budget", "0", *TINY)
+    table, text = read(out, "sensitivity")
+    aa = pd.read_parquet(out / "aa.parquet")
+    row = table.iloc[0]
+    assert row.calls_per_step == 2  # gpt2-tiny: two layers, one softmax each per forward
+    assert row.baseline_median_ms == pytest.approx(aa.baseline_median_ms.median())
+    assert row.delay_us == pytest.approx(0.05 * row.baseline_median_ms * 1e3 / 2)
+    assert {"level", "detected", "verdict", "speedup", "measured_slowdown", "timing_s"} <= set(table.columns)
+    assert "E2EPROF_PLANTED_DELAY_US=" in row.command and "--patch planted-slowdown" in row.command
+    assert "| 5.0% |" in text and "the 1% level was not run" in text
+
+
+def test_overhead_times_every_condition_in_every_block(out):
+    run_part(out, "--part", "overhead", "--blocks", "2", "--block-steps", "1", *TINY)
+    table, text = read(out, "overhead")
+    assert set(table.condition) == {"bare", "sampler", "sampler+bookkeeping"}
+    assert table.groupby(["condition", "block"]).size().eq(1).all()
+    assert (table.step_ms > 0).all()
+    if not torch.cuda.is_available():
+        assert "sampler not running: no CUDA device" in text
+
+
+def test_cost_splits_the_compare_into_its_phases(out):
+    run_part(out, "--part", "cost", "--workload", "train", "--block-steps", "2", *TINY)
+    table, text = read(out, "cost")
+    phases = set(table.phase)
+    assert {"timing", "correctness", "unattributed (start-up, summary, writing)", "report (e2eprof report)"} <= phases
+    assert (table.error.fillna("") == "").all()
+    compare_phases = table[~table.phase.str.startswith("report")]
+    # Phases plus the unattributed rest add up to the process's wall time.
+    assert compare_phases.seconds.sum() == pytest.approx(table.compare_wall_s.iloc[0])
+    assert "s in all, timing" in text
+
+
+def test_agreement_needs_cuda_and_says_so(out):
+    run_part(out, "--part", "agreement", *TINY)
+    table, text = read(out, "agreement")
+    if torch.cuda.is_available():
+        assert set(table.status) == {"measured"} and {"e2eprof_us", "do_bench_us", "timer_us"} <= set(table.columns)
+    else:
+        assert table.status.tolist() == ["skipped"] and "needs CUDA" in table.reason.iloc[0]
+        assert "**not measured**" in text
+
+
+def test_bad_levels_are_a_usage_error(out):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--part", "sensitivity", "--levels", "two", "--out", str(out)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+    assert done.returncode == 2 and done.stderr.strip().startswith("error: --levels")
+    assert "Traceback" not in done.stderr
