@@ -7,7 +7,8 @@
 # A plan that fits (about 45 s per run on the H200, so 9 runs per call):
 #   PART=aa  RUNS=9 (twice or three times, for at least 20 A/A runs); then
 #   PART=sensitivity RUNS=9 LEVELS=0.01 (the target level; takes the baseline median from aa.parquet), then
-#   PART=sensitivity RUNS=2 LEVELS=0.005,0.02,0.05; PART=overhead; PART=cost; PART=agreement.
+#   PART=sensitivity RUNS=2 LEVELS=0.005,0.02,0.05; PART=overhead; PART=agreement;
+#   PART=cost alone: the default compare (compile arm, profiling) took 506 s on 2026-12-02, close to the 10 minutes.
 # Installs nothing: e2eprof runs from the checkout (PYTHONPATH) with the image's torch, transformers and triton.
 set -uo pipefail
 OUT=${OUT:-/tmp/e2eprof-out}

@@ -60,6 +60,21 @@ def test_binomial_bounds_match_closed_forms():
     assert sb.binomial_upper(3, 20) > 3 / 20 > sb.binomial_lower(3, 20)
 
 
+def test_profiled_forward_time_on_a_committed_h200_profile():
+    """The figure agreement compares: per-call forward kernel time of the replaced op, from kernels.parquet."""
+    sb = load_module()
+    run = ROOT / "reports" / "2026-12-02-h200-gpt2-fastsoftmax-profiled"
+    ops, kernels = pd.read_parquet(run / "ops.parquet"), pd.read_parquet(run / "kernels.parquet")
+    for arm, kernel in (("baseline", "softmax_warp_forward"), ("patched", "_softmax_fwd_row_kernel")):
+        us, names = sb.profiled_forward_us(ops, kernels, arm, "train")
+        assert len(names) == 1 and kernel in next(iter(names))
+        # ops.parquet's own per-call mean of the same region: a median and a mean of one steady kernel agree.
+        region = ops[(ops.arm == arm) & (ops.workload == "train") & ops.in_replaced & (ops.direction == "fwd")
+                     & (ops.self_device_us > 0)]
+        assert us == pytest.approx(float((region.self_device_us / region["count"]).sum()), rel=0.01)
+    assert sb.profiled_forward_us(ops, kernels, "sdpa", "train")[0] == 0  # nothing replaced in a stock arm
+
+
 def test_aa_runs_calibrate_and_records_each_run(out):
     run_part(out, "--part", "aa", "--runs", "1", *TINY)
     table, text = read(out, "aa")
