@@ -7,6 +7,11 @@ Per (workload, arm) present in both runs: median A, median B, the time ratio B/A
 bootstrap interval, a Mann-Whitney p-value Holm-adjusted over all those rows, and a status. Per workload: the
 kernel's speedup (baseline / patched median) in A and in B, and the interval of their difference.
 
+Sweeps: when either run covers several (batch, seq, precision) points, rows are keyed by (point, workload, arm) and
+numbers of different points are never pooled. Runs whose grids share no point are not the same comparison; runs
+whose grids overlap are diffed on the common points and the rest is flagged. An arm that fitted in A but ran out of
+memory in B is a regression (OUT_OF_MEMORY_IN_B).
+
 A change counts only when it is significant (Holm-adjusted p <= 1 - confidence and the interval excludes "no
 change") and its whole interval lies beyond the margin ``min_change``, the same rule `compare` uses for PASS; a
 significant change whose interval reaches inside the margin is BELOW_MARGIN. Exit code 1 when anything got worse
@@ -15,6 +20,7 @@ that way, else 0.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -31,6 +37,7 @@ from rich.table import Table
 
 from e2eprof import reports, stats
 from e2eprof.errors import UsageError
+from e2eprof.sweep import OOM_METRIC, SweepPoint
 from e2eprof.verdict import MIN_SAMPLES
 
 METRICS = {"wall": "host wall time per step", "device": "CUDA-event device time per step"}
@@ -40,7 +47,8 @@ SLOWER, FASTER = "SLOWER", "FASTER"
 SPEEDUP_DROPPED, SPEEDUP_GREW = "SPEEDUP_DROPPED", "SPEEDUP_GREW"
 NO_SIGNIFICANT_DIFFERENCE, BELOW_MARGIN = "NO_SIGNIFICANT_DIFFERENCE", "BELOW_MARGIN"
 TOO_FEW_SAMPLES, ONLY_IN_A, ONLY_IN_B = "TOO_FEW_SAMPLES", "ONLY_IN_A", "ONLY_IN_B"
-REGRESSIONS = (SLOWER, SPEEDUP_DROPPED)
+OUT_OF_MEMORY_IN_A, OUT_OF_MEMORY_IN_B = "OUT_OF_MEMORY_IN_A", "OUT_OF_MEMORY_IN_B"
+REGRESSIONS = (SLOWER, SPEEDUP_DROPPED, OUT_OF_MEMORY_IN_B)
 
 # Environment entries worth naming when they differ, with the label shown to the user.
 ENVIRONMENT_FIELDS = (
@@ -99,22 +107,39 @@ class RunRecord:
     model: dict
     warm: pd.DataFrame  # steps with phase == "warm": the timed samples, never cold or warm-up steps
     summary: pd.DataFrame | None
+    # Sweep points in the order the run measured them. Every warm and summary row carries a `point` (a run from
+    # before sweeps gets its config's one point), so one lookup serves sweeps and single runs alike.
+    points: list[str] = field(default_factory=list)
+    out_of_memory: set[tuple[str, str, str]] = field(default_factory=set)  # (point, workload, arm)
 
     @property
     def workloads(self) -> list[str]:
         return list(dict.fromkeys(self.warm.workload))
 
-    def samples(self, workload: str, arm: str, metric: str) -> np.ndarray:
-        """Timed samples of one arm in ms; device time leaves out steps without a CUDA-event reading."""
-        rows = self.warm[(self.warm.workload == workload) & (self.warm.arm == arm)]
+    def arms(self, point: str, workload: str) -> list[str]:
+        rows = self.warm[(self.warm.point == point) & (self.warm.workload == workload)]
+        return list(dict.fromkeys(rows.arm))
+
+    def _rows(self, point: str, workload: str, arm: str) -> pd.DataFrame:
+        return self.warm[(self.warm.point == point) & (self.warm.workload == workload) & (self.warm.arm == arm)]
+
+    def samples(self, point: str, workload: str, arm: str, metric: str) -> np.ndarray:
+        """Timed samples of one arm at one point in ms; device time leaves out steps without a CUDA-event reading."""
+        rows = self._rows(point, workload, arm)
         values = rows.wall_ns.to_numpy(dtype=float) / 1e6 if metric == "wall" else rows.device_ms.to_numpy(dtype=float)
         return values[np.isfinite(values)]
 
-    def blocks(self, workload: str, arm: str, metric: str) -> np.ndarray:
+    def blocks(self, point: str, workload: str, arm: str, metric: str) -> np.ndarray:
         """Block index of each sample returned by `samples`, in the same order."""
-        rows = self.warm[(self.warm.workload == workload) & (self.warm.arm == arm)]
+        rows = self._rows(point, workload, arm)
         values = rows.wall_ns.to_numpy(dtype=float) if metric == "wall" else rows.device_ms.to_numpy(dtype=float)
         return rows.block.to_numpy()[np.isfinite(values)]
+
+    def relabelled(self, label: str) -> "RunRecord":
+        """The same run with its one point renamed (two single-point runs are diffed row against row)."""
+        summary = self.summary.assign(point=label) if self.summary is not None else None
+        return dataclasses.replace(self, warm=self.warm.assign(point=label), summary=summary, points=[label],
+                                   out_of_memory={(label, w, a) for _, w, a in self.out_of_memory})
 
 
 def load_run(path: Path, label: str) -> RunRecord:
@@ -130,13 +155,48 @@ def load_run(path: Path, label: str) -> RunRecord:
         run = reports.read_table(path, "run").iloc[0].to_dict()
         steps = reports.read_table(path, "steps")
         summary = reports.read_table(path, "summary") if (path / "summary.parquet").is_file() else None
+        checks = reports.read_table(path, "correctness") if (path / "correctness.parquet").is_file() else None
         config = json.loads(run["config_json"])
         environment = json.loads(run["environment_json"])
         model = json.loads(run["model_json"]) if isinstance(run.get("model_json"), str) else {}
     except (OSError, ValueError, KeyError, IndexError) as exc:
         raise UsageError(f"{name}: cannot read the report in {path}: {exc}") from None
+    own = config_point(config)
     warm = steps[steps.phase == "warm"] if len(steps) else steps
-    return RunRecord(label, path, run, config, environment, model or {}, warm, summary)
+    warm = _with_point(warm, own)
+    summary = _with_point(summary, own) if summary is not None else None
+    out_of_memory = set()
+    if checks is not None and len(checks) and "metric" in checks:
+        oom = _with_point(checks[checks.metric == OOM_METRIC], own)
+        out_of_memory = set(zip(oom.point.astype(str), oom.workload.astype(str), oom.arm.astype(str)))
+    return RunRecord(label, path, run, config, environment, model or {}, warm, summary,
+                     _points(run, warm, summary, own), out_of_memory)
+
+
+def config_point(config: dict) -> str:
+    """The point id of a run of one point, from its config (a run from before sweeps has no point column)."""
+    try:
+        return SweepPoint(int(config["batch"]), int(config["seq"]), str(config["precision"])).id
+    except (KeyError, TypeError, ValueError):  # a list (a sweep) or a field this run did not record
+        return "-"
+
+
+def _with_point(frame: pd.DataFrame, point: str) -> pd.DataFrame:
+    if "point" in frame:
+        return frame.assign(point=frame.point.fillna(point).astype(str))
+    return frame.assign(point=point)
+
+
+def _points(run: dict, warm: pd.DataFrame, summary: pd.DataFrame | None, own: str) -> list[str]:
+    """run.parquet's points_json (it lists points where nothing ran too), else the points the tables name."""
+    listed = []
+    if isinstance(run.get("points_json"), str):
+        try:
+            listed = [str(p["point"]) for p in json.loads(run["points_json"])]
+        except (ValueError, KeyError, TypeError):
+            listed = []
+    found = listed + list(warm.point) + (list(summary.point) if summary is not None else [])
+    return list(dict.fromkeys(found)) or [own]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -152,8 +212,8 @@ def comparison_identity(run: RunRecord, with_generate: bool) -> dict:
     """The fields that must match for two runs to measure the same thing."""
     c = run.config
     identity = {
-        "model": _spec_name(c.get("model")), "patch": _spec_name(c.get("patch")), "batch": c.get("batch"),
-        "seq": c.get("seq"), "dtype": c.get("precision"), "device": str(c.get("device", "")).split(":")[0],
+        "model": _spec_name(c.get("model")), "patch": _spec_name(c.get("patch")), "batch": _axis(c.get("batch")),
+        "seq": _axis(c.get("seq")), "dtype": _axis(c.get("precision")), "device": str(c.get("device", "")).split(":")[0],
         "A/A run": bool(c.get("aa", False)),  # a baseline timed against itself is not the patched comparison
     }
     # A local model folder is named by path only; its shape tells whether the two names hold the same model.
@@ -164,11 +224,25 @@ def comparison_identity(run: RunRecord, with_generate: bool) -> dict:
     return identity
 
 
+def _axis(value) -> str | None:
+    """A sweep axis as written on the command line: 8, or 1,8,32 for a list."""
+    if value is None:
+        return None
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
 def identity_differences(a: RunRecord, b: RunRecord) -> list[str]:
-    """'field: A vs B' for each identity field that differs (a field missing from one run's records is skipped)."""
+    """'field: A vs B' for each identity field that differs (a field missing from one run's records is skipped).
+
+    The grid counts as the same comparison while the two runs share at least one point: the common points are
+    diffed and the others flagged (see point_flags). Grids with no point in common measure different shapes.
+    """
     with_generate = "generate" in a.workloads and "generate" in b.workloads
     ia, ib = comparison_identity(a, with_generate), comparison_identity(b, with_generate)
-    return [f"{k}: {ia[k]} vs {ib[k]}" for k in ia if ia[k] is not None and ib[k] is not None and ia[k] != ib[k]]
+    shared_point = bool(set(a.points) & set(b.points))
+    grid = ("batch", "seq", "dtype") if shared_point else ()
+    return [f"{k}: {ia[k]} vs {ib[k]}" for k in ia
+            if k not in grid and ia[k] is not None and ib[k] is not None and ia[k] != ib[k]]
 
 
 def _short(value) -> str:
@@ -209,10 +283,10 @@ def environment_changes(a: RunRecord, b: RunRecord) -> list[str]:
     return changes
 
 
-def _verdict_text(run: RunRecord, workload: str) -> str | None:
+def _verdict_text(run: RunRecord, point: str, workload: str) -> str | None:
     if run.summary is None or "verdict" not in run.summary:
         return None
-    rows = run.summary[(run.summary.workload == workload) & (run.summary.arm == "patched")]
+    rows = run.summary[(run.summary.point == point) & (run.summary.workload == workload) & (run.summary.arm == "patched")]
     if not len(rows) or not isinstance(rows.iloc[0].verdict, str):
         return None
     reasons = rows.iloc[0].get("reasons")
@@ -230,15 +304,47 @@ def run_flags(a: RunRecord, b: RunRecord, metric: str) -> list[str]:
             flags.append(f"THROTTLED: {share * 100:.0f}% of run {run.label}'s timed steps were throttled")
         if metric == "device" and not run.warm.device_ms.notna().any():
             flags.append(f"NO_DEVICE_TIME: run {run.label} recorded no device times (CPU run?); its rows are empty")
+    sweep = is_sweep(a, b)
     for workload in dict.fromkeys(a.workloads + b.workloads):
         if workload not in b.workloads:
             flags.append(f"{ONLY_IN_A}: workload '{workload}' was run only in A")
         elif workload not in a.workloads:
             flags.append(f"{ONLY_IN_B}: workload '{workload}' was run only in B")
-        else:
-            va, vb = _verdict_text(a, workload), _verdict_text(b, workload)
+    for point in common_points(a, b):
+        for workload in [w for w in a.workloads if w in b.workloads]:
+            va, vb = _verdict_text(a, point, workload), _verdict_text(b, point, workload)
             if va and vb and va != vb:
-                flags.append(f"VERDICT_CHANGED: {workload}: {va} in A, {vb} in B")
+                flags.append(f"VERDICT_CHANGED: {_key(sweep, point, workload)}: {va} in A, {vb} in B")
+    return flags + point_flags(a, b)
+
+
+def is_sweep(a: RunRecord, b: RunRecord) -> bool:
+    """Rows need a point to be told apart when either run covers more than one."""
+    return len(a.points) > 1 or len(b.points) > 1
+
+
+def common_points(a: RunRecord, b: RunRecord) -> list[str]:
+    return [p for p in a.points if p in b.points]
+
+
+def _key(sweep: bool, point: str, *names: str) -> str:
+    """'infer/patched', or 'b8-s1024-bf16/infer/patched' in a sweep."""
+    return "/".join(([point] if sweep else []) + list(names))
+
+
+def point_flags(a: RunRecord, b: RunRecord) -> list[str]:
+    """Points in one grid only (diffed nowhere), and (point, workload)s where an arm ran out of memory."""
+    flags = []
+    if a.points != b.points and is_sweep(a, b):
+        flags.append(f"DIFFERENT_GRID: A has {len(a.points)} point(s), B {len(b.points)}; "
+                     f"{len(common_points(a, b))} in common are diffed")
+    flags += [f"{ONLY_IN_A}: point '{p}' was run only in A" for p in a.points if p not in b.points]
+    flags += [f"{ONLY_IN_B}: point '{p}' was run only in B" for p in b.points if p not in a.points]
+    sweep = is_sweep(a, b)
+    for point, workload in dict.fromkeys((p, w) for p, w, _ in sorted(a.out_of_memory | b.out_of_memory)):
+        where = [f"{', '.join(sorted(arm for p, w, arm in run.out_of_memory if (p, w) == (point, workload)))} in {run.label}"
+                 for run in (a, b) if any((p, w) == (point, workload) for p, w, _ in run.out_of_memory)]
+        flags.append(f"OUT_OF_MEMORY: {_key(sweep, point, workload)}: {'; '.join(where)}")
     return flags
 
 
@@ -271,32 +377,38 @@ def speedup_status(low: float, high: float, p_adjusted: float, alpha: float, min
 
 
 def arm_rows(a: RunRecord, b: RunRecord, config: DiffConfig) -> list[dict]:
-    """One row per (workload, arm) in either run; both-run rows carry B/A, its interval and Holm-adjusted p."""
+    """One row per (point, workload, arm) in either run; both-run rows carry B/A, its interval and Holm-adjusted p."""
     rows = []
-    for workload in dict.fromkeys(a.workloads + b.workloads):
-        arms_a = list(dict.fromkeys(a.warm[a.warm.workload == workload].arm))
-        arms_b = list(dict.fromkeys(b.warm[b.warm.workload == workload].arm))
-        for arm in dict.fromkeys(arms_a + arms_b):
-            xa, xb = a.samples(workload, arm, config.metric), b.samples(workload, arm, config.metric)
-            row = {"kind": "arm", "workload": workload, "arm": arm, "n_a": len(xa), "n_b": len(xb),
-                   "median_a_ms": float(np.median(xa)) if len(xa) else math.nan,
-                   "median_b_ms": float(np.median(xb)) if len(xb) else math.nan,
-                   "ratio": math.nan, "ci_low": math.nan, "ci_high": math.nan, "mde": math.nan, "p": math.nan}
-            if arm not in arms_b or arm not in arms_a:
-                row["status"] = ONLY_IN_A if arm not in arms_b else ONLY_IN_B
-            elif min(len(xa), len(xb)) < 2:
-                row["status"] = TOO_FEW_SAMPLES  # a bootstrap of one sample would be a false certainty
-            else:
-                # ratio_of_medians_ci divides median(baseline) by median(candidate): B first gives B/A, a time ratio.
-                ci = stats.ratio_of_medians_ci(xb, xa, confidence=config.confidence, n_boot=config.n_boot, seed=config.seed)
-                row.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high, mde=stats.minimum_detectable_effect(ci),
-                           p=stats.mann_whitney(xb, xa).p_two_sided, status=None)
-            rows.append(row)
+    for point in dict.fromkeys(a.points + b.points):
+        for workload in dict.fromkeys(a.workloads + b.workloads):
+            arms_a, arms_b = a.arms(point, workload), b.arms(point, workload)
+            for arm in dict.fromkeys(arms_a + arms_b):
+                rows.append(_arm_row(a, b, config, point, workload, arm, arm in arms_a, arm in arms_b))
     _holm_into(rows)
     for row in rows:
         if row["status"] is None:
             row["status"] = arm_status(row["ci_low"], row["ci_high"], row["p_adjusted"], config.alpha, config.min_change)
     return rows
+
+
+def _arm_row(a, b, config, point, workload, arm, in_a: bool, in_b: bool) -> dict:
+    xa, xb = a.samples(point, workload, arm, config.metric), b.samples(point, workload, arm, config.metric)
+    row = {"kind": "arm", "point": point, "workload": workload, "arm": arm, "n_a": len(xa), "n_b": len(xb),
+           "median_a_ms": float(np.median(xa)) if len(xa) else math.nan,
+           "median_b_ms": float(np.median(xb)) if len(xb) else math.nan,
+           "ratio": math.nan, "ci_low": math.nan, "ci_high": math.nan, "mde": math.nan, "p": math.nan, "status": None}
+    if not in_b:
+        row["status"] = OUT_OF_MEMORY_IN_B if (point, workload, arm) in b.out_of_memory else ONLY_IN_A
+    elif not in_a:
+        row["status"] = OUT_OF_MEMORY_IN_A if (point, workload, arm) in a.out_of_memory else ONLY_IN_B
+    elif min(len(xa), len(xb)) < 2:
+        row["status"] = TOO_FEW_SAMPLES  # a bootstrap of one sample would be a false certainty
+    else:
+        # ratio_of_medians_ci divides median(baseline) by median(candidate): B first gives B/A, a time ratio.
+        ci = stats.ratio_of_medians_ci(xb, xa, confidence=config.confidence, n_boot=config.n_boot, seed=config.seed)
+        row.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high, mde=stats.minimum_detectable_effect(ci),
+                   p=stats.mann_whitney(xb, xa).p_two_sided)
+    return row
 
 
 def _holm_into(rows: list[dict]) -> None:
@@ -309,20 +421,22 @@ def _holm_into(rows: list[dict]) -> None:
 
 
 def speedup_rows(a: RunRecord, b: RunRecord, config: DiffConfig) -> list[dict]:
-    """Per workload in both runs: the kernel's speedup (baseline / patched median) in A and in B, and B - A."""
+    """Per (point, workload) in both runs: the kernel's speedup (baseline / patched median) in A and in B, and B - A."""
     rows = []
-    for workload in [w for w in a.workloads if w in b.workloads]:
+    units = [(p, w) for p in common_points(a, b) for w in a.workloads if w in b.workloads]
+    sweep = is_sweep(a, b)
+    for point, workload in units:
         per_run, replicates = {}, {}
-        # One generator per workload (seeded by its name) so a workload's numbers do not depend on the others.
-        rng = np.random.default_rng([config.seed, zlib.crc32(workload.encode())])
+        # One generator per (point, workload), seeded by its name, so its numbers do not depend on the others.
+        rng = np.random.default_rng([config.seed, zlib.crc32(_key(sweep, point, workload).encode())])
         for run in (a, b):
-            base, patched = (run.samples(workload, arm, config.metric) for arm in ("baseline", "patched"))
+            base, patched = (run.samples(point, workload, arm, config.metric) for arm in ("baseline", "patched"))
             if min(len(base), len(patched)) < 2:
                 break
             # Within a run, the same interval `compare` reports (block-paired when there are enough blocks).
             per_run[run.label] = stats.ratio_of_medians_ci(
-                base, patched, baseline_blocks=run.blocks(workload, "baseline", config.metric),
-                candidate_blocks=run.blocks(workload, "patched", config.metric), confidence=config.confidence,
+                base, patched, baseline_blocks=run.blocks(point, workload, "baseline", config.metric),
+                candidate_blocks=run.blocks(point, workload, "patched", config.metric), confidence=config.confidence,
                 n_boot=config.n_boot, seed=config.seed)
             # Across runs nothing pairs, so each run's arms are resampled independently (stats' own resampler).
             replicates[run.label] = stats._independent_bootstrap(base, patched, config.n_boot, rng)
@@ -333,7 +447,7 @@ def speedup_rows(a: RunRecord, b: RunRecord, config: DiffConfig) -> list[dict]:
         # Two-sided bootstrap p: the share of replicates on the far side of 0, with +1 so it is never exactly 0.
         p = min(1.0, 2 * (min(np.sum(diff <= 0), np.sum(diff >= 0)) + 1) / (config.n_boot + 1))
         sa, sb = per_run["A"], per_run["B"]
-        rows.append({"kind": "speedup", "workload": workload, "arm": "patched",
+        rows.append({"kind": "speedup", "point": point, "workload": workload, "arm": "patched",
                      "speedup_a": sa.ratio, "speedup_a_low": sa.low, "speedup_a_high": sa.high,
                      "speedup_b": sb.ratio, "speedup_b_low": sb.low, "speedup_b_high": sb.high,
                      "diff": sb.ratio - sa.ratio, "diff_low": float(low), "diff_high": float(high), "p": p})
@@ -368,11 +482,19 @@ class RunDiff:
     def exit_code(self) -> int:
         return 1 if len(self.regressions) else 0
 
+    @property
+    def sweep(self) -> bool:
+        return is_sweep(self.run_a, self.run_b)
+
 
 def diff_runs(config: DiffConfig, write: bool = True) -> RunDiff:
     """Compare RUN_B against RUN_A (see module docstring) and write diff.parquet and diff.md unless write=False."""
     a, b = load_run(config.run_a, "A"), load_run(config.run_b, "B")
     different = identity_differences(a, b)
+    if not is_sweep(a, b):
+        # One point each: row against row, as before sweeps (under --allow-different the two points may differ).
+        label = a.points[0] if a.points == b.points else f"{a.points[0]} | {b.points[0]}"
+        a, b = a.relabelled(label), b.relabelled(label)
     if different and not config.allow_different:
         raise UsageError(f"RUN_A and RUN_B are not the same comparison ({'; '.join(different)}); "
                          "use --allow-different to diff them anyway")
@@ -380,7 +502,8 @@ def diff_runs(config: DiffConfig, write: bool = True) -> RunDiff:
         raise UsageError("--metric device: a run has no device times (CPU runs record none); use --metric wall")
     flags = [f"DIFFERENT_COMPARISON: {d}" for d in different] + run_flags(a, b, config.metric)
     arms = arm_rows(a, b, config)
-    few = [f"{r['workload']}/{r['arm']}" for r in arms if 0 < min(r["n_a"], r["n_b"]) < MIN_SAMPLES]
+    sweep = is_sweep(a, b)
+    few = [_key(sweep, r["point"], r["workload"], r["arm"]) for r in arms if 0 < min(r["n_a"], r["n_b"]) < MIN_SAMPLES]
     if few:  # same threshold as compare's TOO_FEW_SAMPLES: intervals from so few medians are lumpy
         flags.append(f"FEW_SAMPLES: under {MIN_SAMPLES} timed steps in a run for {', '.join(few)}; intervals are rough")
     rows = pd.DataFrame(arms + speedup_rows(a, b, config))
@@ -426,13 +549,16 @@ def _interval(value, low, high, spec: str = ".3f", suffix: str = "") -> str:
 
 
 def _cells(result: RunDiff) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
-    """Header and cells of the two tables, shared by the terminal and the markdown file."""
-    arm_header = ["workload", "arm", "n A/B", "median A ms", "median B ms", "B/A [CI]", "p (Holm)", "status"]
-    arm_cells = [[r.workload, r.arm, f"{r.n_a:.0f}/{r.n_b:.0f}", _num(r.median_a_ms), _num(r.median_b_ms),
-                  _interval(r.ratio, r.ci_low, r.ci_high), _num(r.p_adjusted, ".3g"), r.status]
+    """Header and cells of the two tables, shared by the terminal and the markdown file (a point column in a sweep)."""
+    sweep = result.sweep
+    lead = ["point"] if sweep else []
+    arm_header = [*lead, "workload", "arm", "n A/B", "median A ms", "median B ms", "B/A [CI]", "p (Holm)", "status"]
+    arm_cells = [[*([r.point] if sweep else []), r.workload, r.arm, f"{r.n_a:.0f}/{r.n_b:.0f}", _num(r.median_a_ms),
+                  _num(r.median_b_ms), _interval(r.ratio, r.ci_low, r.ci_high), _num(r.p_adjusted, ".3g"), r.status]
                  for r in result.rows[result.rows.kind == "arm"].itertuples()]
-    speed_header = ["workload", "speedup A [CI]", "speedup B [CI]", "B - A [CI]", "p (Holm)", "status"]
-    speed_cells = [[r.workload, _interval(r.speedup_a, r.speedup_a_low, r.speedup_a_high, suffix="x"),
+    speed_header = [*lead, "workload", "speedup A [CI]", "speedup B [CI]", "B - A [CI]", "p (Holm)", "status"]
+    speed_cells = [[*([r.point] if sweep else []), r.workload,
+                    _interval(r.speedup_a, r.speedup_a_low, r.speedup_a_high, suffix="x"),
                     _interval(r.speedup_b, r.speedup_b_low, r.speedup_b_high, suffix="x"),
                     _interval(r.diff, r.diff_low, r.diff_high, spec="+.3f"), _num(r.p_adjusted, ".3g"), r.status]
                    for r in result.rows[result.rows.kind == "speedup"].itertuples()]
@@ -441,7 +567,7 @@ def _cells(result: RunDiff) -> tuple[list[str], list[list[str]], list[str], list
 
 def outcome(result: RunDiff) -> str:
     """One line: what got worse (exit 1) or that nothing did (exit 0)."""
-    worse = [f"{r.workload}/{r.arm} {r.status}" for r in result.regressions.itertuples()]
+    worse = [f"{_key(result.sweep, r.point, r.workload, r.arm)} {r.status}" for r in result.regressions.itertuples()]
     if worse:
         return f"REGRESSION: {', '.join(worse)} (beyond --min-change {result.config.min_change:g}; exit 1)"
     return f"no significant regression beyond --min-change {result.config.min_change:g} (exit 0)"
@@ -470,7 +596,8 @@ def to_markdown(result: RunDiff) -> str:
              _method_line(result), "", "## What changed", ""]
     lines += [f"- {c}" for c in result.changes] or ["- nothing recorded differs"]
     lines += ["", "## Flags", ""] + ([f"- {f}" for f in result.flags] or ["- none"])
-    lines += ["", "## Per workload and arm", ""] + table(arm_header, arm_cells)
+    lines += ["", "## Per point, workload and arm" if result.sweep else "## Per workload and arm", ""]
+    lines += table(arm_header, arm_cells)
     lines += ["", "## Kernel speedup (patched vs baseline)", ""]
     lines += table(speed_header, speed_cells) if speed_cells else ["no workload with both arms in both runs"]
     lines += ["", f"**{outcome(result)}**", ""]
@@ -486,14 +613,16 @@ def print_diff(console: Console, result: RunDiff) -> None:
         console.print(f"  - {change}", markup=False, highlight=False)
     for flag in result.flags:
         console.print(f"  [yellow]flag[/yellow] {escape(flag)}")
-    style = {SLOWER: "bold red", SPEEDUP_DROPPED: "bold red", FASTER: "green", SPEEDUP_GREW: "green"}
-    for title, header, cells in (("per workload and arm", arm_header, arm_cells),
+    style = {SLOWER: "bold red", SPEEDUP_DROPPED: "bold red", OUT_OF_MEMORY_IN_B: "bold red", FASTER: "green",
+             SPEEDUP_GREW: "green"}
+    arm_title = "per point, workload and arm" if result.sweep else "per workload and arm"
+    for title, header, cells in ((arm_title, arm_header, arm_cells),
                                  ("kernel speedup (patched vs baseline)", speed_header, speed_cells)):
         if not cells:
             continue
         table = Table(title=title, title_justify="left")
         for column in header:
-            table.add_column(column, justify="left" if column in ("workload", "arm", "status") else "right")
+            table.add_column(column, justify="left" if column in ("point", "workload", "arm", "status") else "right")
         for row in cells:
             table.add_row(*row[:-1], f"[{style[row[-1]]}]{row[-1]}[/]" if row[-1] in style else row[-1])
         console.print(table)

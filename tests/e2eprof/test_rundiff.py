@@ -16,8 +16,9 @@ import pytest
 
 from e2eprof import reports
 from e2eprof.errors import UsageError
-from e2eprof.rundiff import (BELOW_MARGIN, FASTER, NO_SIGNIFICANT_DIFFERENCE, ONLY_IN_A, SLOWER, SPEEDUP_DROPPED,
-                             SPEEDUP_GREW, DiffConfig, diff_runs)
+from e2eprof.rundiff import (BELOW_MARGIN, FASTER, NO_SIGNIFICANT_DIFFERENCE, ONLY_IN_A, ONLY_IN_B, OUT_OF_MEMORY_IN_A,
+                             OUT_OF_MEMORY_IN_B, SLOWER, SPEEDUP_DROPPED, SPEEDUP_GREW, DiffConfig, diff_runs, outcome)
+from e2eprof.sweep import SweepPoint
 
 REPO = Path(__file__).resolve().parents[2]
 H200_FIRST = REPO / "reports" / "2026-12-02-h200-gpt2-fastsoftmax-first"
@@ -341,3 +342,132 @@ def test_cli_exit_codes_and_output(tmp_path):
 
     result = e2eprof(["diff", str(a), str(same), "--metric", "energy"], cwd=tmp_path)
     assert result.returncode == 2 and "--metric" in result.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# sweeps: rows per (point, workload, arm), grids that differ, points that ran out of memory
+
+
+def write_sweep(path: Path, *, seed: int, points: list[tuple[int, int, str]], scale: dict | None = None,
+                oom: tuple = (), n: int = 20) -> Path:
+    """A sweep's report directory: warm steps per point with the identity columns, run.parquet's points_json.
+
+    Step time grows with batch x seq, so a diff that pooled points would see a spread far beyond any shift here.
+    scale multiplies (point id, workload, arm); oom lists (point id, workload) where every arm ran out of memory
+    (a correctness row with metric "oom" per arm and no step, as compare records it).
+    """
+    rng = np.random.default_rng(seed)
+    scale = scale or {}
+    steps, checks = [], []
+    grid = [SweepPoint(*p) for p in points]
+    for point in grid:
+        size = point.batch * point.seq / 8192
+        for (workload, arm), median in MEDIANS.items():
+            if (point.id, workload) in oom:
+                checks.append({"workload": workload, "arm": arm, "tensor": "-", "metric": "oom", "value": np.nan,
+                               "tolerance": np.nan, "passed": False, "detail": "out of memory during cold: MemoryError",
+                               **point.columns()})
+                continue
+            wall = median * size * scale.get((point.id, workload, arm), 1.0) * rng.lognormal(0.0, 0.01, n)  # (n,) ms
+            for i, ms in enumerate(wall):
+                steps.append({"run_id": path.name, "workload": workload, "arm": arm, "block": i // 5, "step": i,
+                              "phase": "warm", "wall_ns": int(ms * 1e6), "device_ms": ms * 0.95, "start_unix_ns": 0,
+                              "end_unix_ns": 0, "ttft_ms": np.nan, "tpot_ms": np.nan, **point.columns()})
+    axes = {key: list(dict.fromkeys(getattr(p, key) for p in grid)) for key in ("batch", "seq", "precision")}
+    config = CONFIG | {k: v[0] if len(v) == 1 else v for k, v in axes.items()}
+    run = {"run_id": path.name, "schema_version": 1, "status": "complete", "command_line": "e2eprof compare",
+           "config_json": json.dumps(config), "environment_json": json.dumps(ENVIRONMENT), "patch_spec": "fastsoftmax",
+           "patch_origin": "builtin", "patch_source_sha256": "65b52ab5" * 8, "seed": 0, "batch_digest": "988eeeca",
+           "started_unix_ns": 0, "ended_unix_ns": 1, "points_json": json.dumps([p.columns() for p in grid]),
+           "model_json": json.dumps({"architecture": "gpt2", "n_layer": 12, "n_params": 124439808, "vocab_size": 50257})}
+    reports.write_table(path, "run", [run])
+    reports.write_table(path, "steps", steps)
+    if checks:
+        reports.write_table(path, "correctness", checks)
+    return path
+
+
+GRID = [(8, 512, "bf16"), (8, 1024, "bf16"), (16, 1024, "bf16")]
+
+
+def by_point_key(result, kind: str) -> dict:
+    frame = result.rows[result.rows.kind == kind]
+    return {(r.point, r.workload, r.arm): r for r in frame.itertuples()}
+
+
+def test_sweep_rows_are_keyed_by_point_and_a_shift_at_one_point_stays_there(tmp_path):
+    a = write_sweep(tmp_path / "a", seed=1, points=GRID)
+    b = write_sweep(tmp_path / "b", seed=2, points=GRID, scale={("b8-s1024-bf16", "train", "patched"): 1.05})
+    result = run_diff(tmp_path, a, b)
+    arms = by_point_key(result, "arm")
+    ids = [SweepPoint(*p).id for p in GRID]
+    assert set(arms) == {(p, w, arm) for p in ids for w, arm in MEDIANS}
+    # Each row's medians are its own point's: b16-s1024 steps take 4x as long as b8-s512 ones.
+    for (point, workload, arm), row in arms.items():
+        size = {"b8-s512-bf16": 0.5, "b8-s1024-bf16": 1.0, "b16-s1024-bf16": 2.0}[point]
+        assert row.median_a_ms == pytest.approx(MEDIANS[(workload, arm)] * size, rel=0.02)
+    assert [k for k, r in arms.items() if r.status != NO_SIGNIFICANT_DIFFERENCE] == [("b8-s1024-bf16", "train", "patched")]
+    assert arms[("b8-s1024-bf16", "train", "patched")].status == SLOWER
+    speedups = by_point_key(result, "speedup")
+    assert set(speedups) == {(p, w, "patched") for p in ids for w in ("train", "infer")}
+    assert [k for k, r in speedups.items() if r.status != NO_SIGNIFICANT_DIFFERENCE] == [("b8-s1024-bf16", "train", "patched")]
+    assert result.exit_code == 1 and result.flags == []
+    text = (tmp_path / "diff" / "diff.md").read_text()
+    assert "| point | workload | arm | n A/B |" in text and "| b8-s1024-bf16 | train | patched | 20/20 |" in text
+    assert "REGRESSION: b8-s1024-bf16/train/patched SLOWER" in text
+    assert set(pd.read_parquet(tmp_path / "diff" / "diff.parquet").point) == set(ids)
+
+
+def test_overlapping_grids_diff_the_common_points_and_flag_the_rest(tmp_path):
+    a = write_sweep(tmp_path / "a", seed=1, points=GRID[:2])
+    b = write_sweep(tmp_path / "b", seed=2, points=GRID[1:])
+    result = run_diff(tmp_path, a, b)
+    assert result.different_comparison == []  # batch 8 vs 8,16 is not refused: the grids share b8-s1024-bf16
+    assert "DIFFERENT_GRID: A has 2 point(s), B 2; 1 in common are diffed" in result.flags
+    assert f"{ONLY_IN_A}: point 'b8-s512-bf16' was run only in A" in result.flags
+    assert f"{ONLY_IN_B}: point 'b16-s1024-bf16' was run only in B" in result.flags
+    arms = by_point_key(result, "arm")
+    status = {(p, w, arm): r.status for (p, w, arm), r in arms.items()}
+    assert {s for (p, _, _), s in status.items() if p == "b8-s512-bf16"} == {ONLY_IN_A}
+    assert {s for (p, _, _), s in status.items() if p == "b16-s1024-bf16"} == {ONLY_IN_B}
+    assert {s for (p, _, _), s in status.items() if p == "b8-s1024-bf16"} == {NO_SIGNIFICANT_DIFFERENCE}
+    assert {k[0] for k in by_point_key(result, "speedup")} == {"b8-s1024-bf16"}
+    assert result.exit_code == 0
+
+
+def test_grids_without_a_common_point_are_different_comparisons(tmp_path):
+    a = write_sweep(tmp_path / "a", seed=1, points=[(1, 512, "bf16"), (2, 512, "bf16")])
+    b = write_sweep(tmp_path / "b", seed=2, points=[(4, 512, "bf16"), (8, 512, "bf16")])
+    with pytest.raises(UsageError) as error:
+        run_diff(tmp_path, a, b)
+    assert "batch: 1,2 vs 4,8" in str(error.value) and "seq" not in str(error.value)
+    allowed = run_diff(tmp_path, a, b, allow_different=True)
+    assert {r.status for r in allowed.rows.itertuples()} == {ONLY_IN_A, ONLY_IN_B}
+
+
+def test_point_out_of_memory_in_b_is_a_regression(tmp_path):
+    a = write_sweep(tmp_path / "a", seed=1, points=GRID)
+    b = write_sweep(tmp_path / "b", seed=2, points=GRID, oom=(("b16-s1024-bf16", "train"),))
+    result = run_diff(tmp_path, a, b)
+    arms = by_point_key(result, "arm")
+    assert {arms[("b16-s1024-bf16", "train", arm)].status for arm in ("baseline", "patched", "sdpa")} == {OUT_OF_MEMORY_IN_B}
+    assert arms[("b16-s1024-bf16", "infer", "patched")].status == NO_SIGNIFICANT_DIFFERENCE
+    assert "OUT_OF_MEMORY: b16-s1024-bf16/train: baseline, patched, sdpa in B" in result.flags
+    assert ("b16-s1024-bf16", "train", "patched") not in by_point_key(result, "speedup")
+    assert result.exit_code == 1 and "b16-s1024-bf16/train/patched OUT_OF_MEMORY_IN_B" in outcome(result)
+    # The other way round it is no regression: B fits what A could not.
+    back = diff_runs(DiffConfig(b, a, out=tmp_path / "back"))
+    assert {r.status for r in back.rows.itertuples() if r.point == "b16-s1024-bf16" and r.workload == "train"} == {OUT_OF_MEMORY_IN_A}
+    assert back.exit_code == 0
+
+
+def test_run_from_before_sweeps_against_a_run_of_one_point(tmp_path):
+    old = write_run(tmp_path / "old", seed=1)  # no point column anywhere, as the committed H200 runs
+    new = write_sweep(tmp_path / "new", seed=2, points=[(8, 1024, "bf16")])
+    result = run_diff(tmp_path, old, new)
+    assert set(rows_by_key(result, "arm")) == set(MEDIANS) and set(result.rows.point) == {"b8-s1024-bf16"}
+    assert not result.sweep and "DIFFERENT_GRID" not in " ".join(result.flags)
+    text = (tmp_path / "diff" / "diff.md").read_text()
+    assert "| workload | arm | n A/B |" in text and "| point |" not in text  # one point: the table as before
+    with pytest.raises(UsageError, match="batch: 8 vs 16"):
+        run_diff(tmp_path, old, write_sweep(tmp_path / "b16", seed=2, points=[(16, 1024, "bf16")]))
