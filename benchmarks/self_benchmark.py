@@ -38,10 +38,14 @@ from e2eprof.errors import E2EProfError, UsageError
 PARTS = ("aa", "sensitivity", "overhead", "cost", "agreement")
 DEFAULT_LEVELS = (0.005, 0.01, 0.02, 0.05)
 UNRESOLVED = "unresolved"  # a figure whose interval spans the target: neither met nor missed
-CONFIDENCE = 0.95  # e2eprof's default policy: significant = interval excludes 1 and adjusted p < 1 - confidence
+# Fewer runs than these cannot establish a rate (issue 8 asks for at least 20 A/A runs): the figure is shown, unjudged.
+MIN_AA_RUNS, MIN_SENSITIVITY_RUNS = 20, 10
+CONFIDENCE = 0.95
+MARKS = {True: "met", False: "MISSED", None: "not measured",
+         UNRESOLVED: "not resolved (too few runs, or the interval spans the target)"}  # e2eprof's default policy: significant = interval excludes 1 and adjusted p < 1 - confidence
 TARGETS = {
-    "aa": "at most 5% of A/A runs significant",
-    "sensitivity": "a planted 1% slowdown detected (FAIL, SLOWER) in at least 90% of runs",
+    "aa": "at most 5% of at least 20 A/A runs significant",
+    "sensitivity": "a planted 1% slowdown detected (FAIL, SLOWER) in at least 90% of at least 10 runs",
     "overhead": "sampler + bookkeeping cost under 0.5% of step time (the whole 95% interval)",
     "cost": "default compare under 180 s in all, timing at least half of it",
     "agreement": "profiled kernel time within 5% of do_bench and torch.utils.benchmark",
@@ -389,10 +393,10 @@ def figure(part: str, table: pd.DataFrame) -> tuple[str, bool | None, list[str]]
         if not n:
             return "no completed A/A run", None, []
         k = int(ok.significant.sum())
-        detail = [(f"verdicts: {ok.verdict.value_counts().to_dict()}; median noise floor (CI half-width) "
+        detail = [(f"- verdicts: {ok.verdict.value_counts().to_dict()}; median noise floor (CI half-width) "
                    f"{((ok.ci_high - ok.ci_low) / 2).median() * 100:.2f}%")]
         return (f"{k} of {n} A/A runs significant ({k / n:.0%}; 95% upper bound {binomial_upper(k, n):.0%})",
-                k / n <= 0.05, detail)
+                UNRESOLVED if n < MIN_AA_RUNS else k / n <= 0.05, detail)
     if part == "sensitivity":
         if not len(ok):
             return "no completed planted run", None, []
@@ -402,7 +406,7 @@ def figure(part: str, table: pd.DataFrame) -> tuple[str, bool | None, list[str]]
             lines.append(f"| {level:.1%} | {g.delay_us.iloc[0]:.1f} | {n} | {k} | {k / n:.0%} (>= {binomial_lower(k, n):.0%}) "
                          f"| {g.measured_slowdown.median():+.2%} | {g.timing_s.median():.1f} |")
             if math.isclose(level, 0.01):
-                verdict = k / n >= 0.9
+                verdict = UNRESOLVED if n < MIN_SENSITIVITY_RUNS else k / n >= 0.9
         one = ok[ok.level.round(6) == 0.01]
         text = (f"1% detected in {int(one.detected.sum())} of {len(one)} runs" if len(one)
                 else "the 1% level was not run")
@@ -444,7 +448,8 @@ def figure(part: str, table: pd.DataFrame) -> tuple[str, bool | None, list[str]]
     if part == "agreement":
         measured = table[table.status == "measured"]
         if not len(measured):
-            return f"not measured: {table.reason.iloc[0] if 'reason' in table else table.error.iloc[0]}", None, []
+            last = table.iloc[-1]
+            return f"not measured: {last.get('reason') or last.get('error')}", None, []
         worst = float(measured[["vs_do_bench", "vs_timer"]].abs().max().max())
         lines = ["| arm | kernel | e2eprof us | do_bench us | Timer us | vs do_bench | vs Timer |", "|---|---|---|---|---|---|---|"]
         lines += [f"| {r.arm} | {r.kernels[:60]} | {r.e2eprof_us:.1f} | {r.do_bench_us:.1f} | {r.timer_us:.1f} | "
@@ -463,10 +468,14 @@ def versions(device: str) -> dict:
 
 def markdown(part: str, table: pd.DataFrame) -> str:
     text, meets, detail = figure(part, table)
-    mark = {True: "met", False: "MISSED", None: "not measured", UNRESOLVED: "not resolved (interval spans the target)"}[meets]
+    mark = MARKS[meets]
     env = "; ".join(f"{k} {', '.join(map(str, table[k].dropna().unique()))}" for k in
                     ("gpu", "python", "torch", "transformers", "triton", "model", "workload") if k in table)
     dates = sorted(table.date.dropna().unique()) if "date" in table else []
+    errors = table.error.fillna("") if "error" in table else pd.Series(dtype=str)
+    if errors.ne("").any():  # left out of the figure, so say how many and where to look
+        failed = errors[errors.ne("")]
+        detail = [*detail, f"- runs that failed and are not counted: {len(failed)} (first: {failed.iloc[0]})"]
     return "\n".join([
         f"## {part}", "",
         f"- measured: {text}", f"- target: {TARGETS[part]}: **{mark}**",
