@@ -16,13 +16,22 @@ def _table(table: t.Table) -> str:
     return "\n".join(lines)
 
 
-def _verdict(run: t.RunTables) -> list[str]:
-    out = ["## Verdict", ""]
+def _status(run: t.RunTables) -> list[str]:
     status = str(run.run.get("status") or "")
-    if status != "complete":
-        failure = run.run.get("failure")
-        out += [f"> This run is marked **{status}**" + ("" if t.missing(failure) else f": {_cell(failure)}")
-                + "; its tables may be partial.", ""]
+    if status == "complete":
+        return []
+    failure = run.run.get("failure")
+    return [f"> This run is marked **{status}**" + ("" if t.missing(failure) else f": {_cell(failure)}")
+            + "; its tables may be partial.", ""]
+
+
+def _glossary(verdicts: list[t.WorkloadVerdict]) -> list[str]:
+    seen = list(dict.fromkeys(r for w in verdicts for r in w.reasons))
+    return [f"- `{r}`: {t.REASON_MEANING[r]}" for r in seen if r in t.REASON_MEANING]
+
+
+def _verdict(run: t.RunTables) -> list[str]:
+    out = ["## Verdict", "", *_status(run)]
     verdicts = t.workload_verdicts(run)
     if not verdicts:
         return out + [f"Verdicts: {t.NOT_RECORDED}.", ""]
@@ -34,9 +43,65 @@ def _verdict(run: t.RunTables) -> list[str]:
     tested = " / ".join(dict.fromkeys(w.arm for w in verdicts))
     columns = ["workload", "verdict", "reasons", f"{tested} vs baseline [{ci}]", *(["advice"] if show_advice else [])]
     out += [_table(t.Table(columns, [r if show_advice else r[:-1] for r in rows], numeric={3})), ""]
-    seen = list(dict.fromkeys(r for w in verdicts for r in w.reasons))
-    out += [f"- `{r}`: {t.REASON_MEANING[r]}" for r in seen if r in t.REASON_MEANING]
-    return out + [""]
+    return out + _glossary(verdicts) + [""]
+
+
+def _sweep_verdict(run: t.RunTables) -> list[str]:
+    """The grid: one cell per (point, workload) with verdict and speedup [CI]."""
+    out = ["## Verdict", "", *_status(run)]
+    verdicts = t.workload_verdicts(run)
+    if not verdicts:
+        return out + [f"Verdicts: {t.NOT_RECORDED}.", ""]
+    worst, code = t.overall_verdict(run, verdicts)
+    out += [f"**Run verdict: {worst}** (exit code {code}; worst over {len(verdicts)} point/workload verdicts; "
+            f"{t.sweep_line(run)})", ""]
+    rows, workloads, cells = t.verdict_grid(run)
+    ci = t.confidence_label(run)
+    tested = " / ".join(dict.fromkeys(w.arm for w in verdicts))
+    body = [[point, *[t.grid_cell_text(cells.get((point, w))) for w in workloads]] for point in rows]
+    out += [f"{tested} vs baseline, speedup [{ci}] per point and workload:", "",
+            _table(t.Table(["point", *workloads], body)), ""]
+    mixed = t.mixed_direction(verdicts)
+    if mixed:
+        out += [f"> {mixed}", ""]
+    return out + _glossary(verdicts) + [""]
+
+
+def _memory(run: t.RunTables) -> list[str]:
+    out = ["## Peak memory", ""]
+    table = t.memory_table(run)
+    if table is None:
+        return out + [f"Peak memory: {t.NOT_RECORDED}.", ""]
+    return out + [f"_{n}_" for n in t.memory_notes(run)] + ["", _table(table), ""]
+
+
+def _maxbatch(run: t.RunTables) -> list[str]:
+    table = t.maxbatch_table(run)
+    if table is None:
+        return []
+    return (["## Largest batch without running out of memory", "", _table(table), ""]
+            + [f"- {line}" for line in t.maxbatch_lines(run)] + [""])
+
+
+def _point(run: t.RunTables, point: str) -> list[str]:
+    """One sweep point's speedups and failed checks, under its own heading."""
+    here = run.at(point)
+    out = [f"## Point {t.point_label(run, point)}", ""]
+    for w in t.workload_verdicts(here):
+        out.append(f"- {w.workload}: {t.grid_cell_text(w)}" + (f" — {_cell(w.advice)}" if w.advice else ""))
+    out.append("")
+    summary = here.get("summary")
+    for workload in t.workloads(here):
+        rows = summary[summary["workload"] == workload] if summary is not None else None
+        if rows is not None and "n" in rows and (rows["n"].fillna(0) > 0).any():  # not where memory ran out
+            out += [f"**{workload}**", "", _table(t.speedup_table(here, workload)), ""]
+    table = t.amdahl_table(here)
+    if table is not None:
+        out += ["Predicted (Amdahl) vs measured:", "", _table(table), ""]
+    failures, n_failed = t.correctness_failures(here, limit=10)
+    if failures is not None and n_failed:
+        out += [f"Failed checks ({n_failed}):", "", _table(failures), ""]
+    return out
 
 
 def _speedups(run: t.RunTables) -> list[str]:
@@ -89,6 +154,11 @@ def render_markdown(run: t.RunTables, html_name: str = "report.html") -> str:
     lines = [f"# e2eprof report: {t.title(run)}", "",
              f"Run `{run.run.get('run_id')}`, {run.run.get('status')}, started {t.fmt_time(run.run.get('started_unix_ns'))}, "
              f"{t.device_line(run)}. Figures: `{html_name}`.", ""]
-    for part in (_verdict, _speedups, _amdahl, _correctness, _environment):
+    if t.is_sweep(run):
+        parts = [_sweep_verdict, _memory, _maxbatch, *[lambda r, p=p: _point(r, p) for p in t.points(run)], _environment]
+    else:  # a run from before sweeps has no memory records: its summary stays as it was
+        parts = [_verdict, _speedups, *([_memory] if t.has_points(run) else []), _maxbatch, _amdahl, _correctness,
+                 _environment]
+    for part in parts:
         lines += part(run)
     return "\n".join(lines).rstrip() + "\n"

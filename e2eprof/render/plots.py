@@ -14,6 +14,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 # Fixed colours for the arms we know, so the same arm looks the same in every report; others take the cycle below.
 ARM_COLOURS = {"baseline": "#4c72b0", "patched": "#dd8452", "sdpa": "#55a868", "compile": "#8172b3"}
@@ -96,7 +97,10 @@ def timeline(steps: pd.DataFrame | None, telemetry: pd.DataFrame | None, arm_ord
     colours = arm_colours(arm_order)
     fig = Figure(figsize=(13, 2.6 + 2.1 * len(panels)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(panels), 1, sharex=True, squeeze=False)).ravel()
-    bands = steps.groupby("workload", sort=False).agg(start=("t_s", "min"), end=("t_s", "max"))
+    # A sweep ran each workload once per point: one band per (point, workload), so points are not drawn as one.
+    band_keys = ["point", "workload"] if "point" in steps and steps["point"].nunique() > 1 else ["workload"]
+    bands = steps.groupby(band_keys, sort=False).agg(start=("t_s", "min"), end=("t_s", "max"))
+    bands.index = ["\n".join(map(str, k)) if isinstance(k, tuple) else str(k) for k in bands.index]
     for ax, (step_col, label, sample_col) in zip(axes, panels):
         for i, (workload, band) in enumerate(bands.iterrows()):
             ax.axvspan(band["start"], band["end"], color="#000000", alpha=0.07 if i % 2 == 0 else 0.035, lw=0)
@@ -115,7 +119,7 @@ def timeline(steps: pd.DataFrame | None, telemetry: pd.DataFrame | None, arm_ord
     axes[0].set_yscale("log")
     for workload, band in bands.iterrows():
         axes[0].annotate(str(workload), xy=((band["start"] + band["end"]) / 2, 1.0), xycoords=("data", "axes fraction"),
-                         ha="center", va="bottom", fontsize=10, fontweight="bold")
+                         ha="center", va="bottom", fontsize=10 if len(bands) <= 4 else 8, fontweight="bold")
     axes[-1].set_xlabel("seconds since the run started")
     handles = [Line2D([], [], ls="", marker="o", color=colours[a], label=a) for a in arm_order]
     handles += [Line2D([], [], ls="", marker=m, color="#444444", alpha=al, label=f"{p} step")
@@ -190,4 +194,49 @@ def amdahl_plot(explain: pd.DataFrame | None, summary: pd.DataFrame | None) -> F
     ax.set_ylabel("step speedup, patched vs baseline")
     ax.grid(axis="y", alpha=0.3)
     fig.legend(loc="outside right upper", frameon=False, fontsize=9)
+    return fig
+
+
+VERDICT_COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "INCONCLUSIVE": "#bf8700"}
+
+
+def sweep_speedups(speedups: pd.DataFrame | None, points: list[str], workloads: list[str]) -> Figure | None:
+    """Speedup [CI] of the arm under test at every sweep point, one panel per workload, coloured by verdict.
+
+    A point where memory ran out has no speedup: it is marked "OOM" on the 1x line instead of leaving a silent gap.
+    """
+    if speedups is None or not len(speedups):
+        return None
+    shown = [w for w in workloads if (speedups["workload"] == w).any()]
+    fig = Figure(figsize=(max(6.0, 0.9 * len(points) + 2.5), 2.9 * len(shown)), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(len(shown), 1, sharex=True, squeeze=False)).ravel()
+    x = {p: i for i, p in enumerate(points)}
+    for ax, workload in zip(axes, shown):
+        rows = speedups[(speedups["workload"] == workload) & speedups["point"].isin(points)]
+        for _, r in rows.iterrows():
+            colour = VERDICT_COLOURS.get(str(r["verdict"]), "#6e7781")
+            ratio, low, high = r.get("speedup_vs_baseline"), r.get("ci_low"), r.get("ci_high")
+            if pd.isna(ratio):
+                ax.annotate("OOM" if "OUT_OF_MEMORY" in str(r.get("reasons", "")) else "no data", xy=(x[r["point"]], 1.0),
+                            ha="center", va="center", fontsize=8, color="#59636e", fontweight="bold",
+                            bbox={"boxstyle": "round", "fc": "white", "ec": "#d0d7de"})
+                continue
+            yerr = None if pd.isna(low) or pd.isna(high) else [[ratio - low], [high - ratio]]
+            ax.errorbar([x[r["point"]]], [ratio], yerr=yerr, fmt="o", color=colour, capsize=4, ms=6, zorder=3)
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        # A ratio's interval is symmetric on a log scale: 0.5x and 2x lie equally far from 1.
+        bounds = rows[["ci_low", "ci_high", "speedup_vs_baseline"]].to_numpy(dtype=float)
+        bounds = bounds[np.isfinite(bounds) & (bounds > 0)]
+        if len(bounds) and bounds.max() / bounds.min() > 3:
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}x"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(f"{workload}: {rows['arm'].iloc[0] if len(rows) else 'patched'} vs baseline per point",
+                     loc="left", fontsize=10, fontweight="bold")
+        ax.set_ylabel("speedup [CI]")
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_xlim(-0.6, len(points) - 0.4)
+    axes[-1].set_xticks(range(len(points)), points, rotation=30 if len(points) > 6 else 0, ha="right" if len(points) > 6 else "center")
+    handles = [Line2D([], [], ls="", marker="o", color=c, label=v) for v, c in VERDICT_COLOURS.items()]
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
     return fig

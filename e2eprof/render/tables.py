@@ -16,9 +16,10 @@ import pandas as pd
 
 from e2eprof import verdict as v
 from e2eprof.errors import UsageError
+from e2eprof.sweep import OOM_METRIC, OUT_OF_MEMORY
 
 # Tables a report can use besides run.parquet; any of them may be missing (an early failure, a CPU run, --no-profile).
-OPTIONAL_TABLES = ("summary", "steps", "correctness", "telemetry", "explain", "opdiff", "balance")
+OPTIONAL_TABLES = ("summary", "steps", "correctness", "telemetry", "explain", "opdiff", "balance", "memory", "maxbatch")
 NOT_RECORDED = "not recorded in this run"
 
 # One line per reason code, for readers who do not know the codes by heart (meanings as in README "Verdicts").
@@ -39,6 +40,7 @@ REASON_MEANING = {
     "NOT_SIGNIFICANT_AFTER_CORRECTION": "the interval excludes 1, but the rank test is not significant once every "
                                         "workload of the run is counted",
     "AA_FALSE_ALARM": "A/A run: two identical stock arms came out different, so this machine's timings cannot be trusted",
+    OUT_OF_MEMORY: "the baseline or the arm under test ran out of memory at this point: nothing was timed there",
 }
 
 
@@ -69,6 +71,15 @@ class RunTables:
 
     def environment(self) -> dict:
         return _json(self.run.get("environment_json"))
+
+    def at(self, point: str) -> "RunTables":
+        """The same run seen at one sweep point: every table with a `point` column cut to that point's rows.
+
+        Tables without the column (telemetry, a run from before sweeps) are kept whole.
+        """
+        tables = {name: frame[frame["point"] == point] if frame is not None and "point" in frame else frame
+                  for name, frame in self.tables.items()}
+        return RunTables(self.run_dir, self.run, tables)
 
 
 def load_run(run_dir: Path) -> RunTables:
@@ -148,15 +159,22 @@ class WorkloadVerdict:
     reasons: list[str]
     speedup: str  # that arm vs baseline, with its interval
     advice: str = ""
+    point: str = ""  # the sweep point it was signed at ("" in a run from before sweeps)
+
+    @property
+    def out_of_memory(self) -> bool:
+        return OUT_OF_MEMORY in self.reasons
 
 
 def workload_verdicts(run: RunTables) -> list[WorkloadVerdict]:
-    """The verdict compare signed for each workload, stored on the row of the arm under test."""
+    """The verdict compare signed for each (point, workload), stored on the row of the arm under test."""
     summary = run.get("summary")
     if summary is None or "verdict" not in summary:
         return []
+    keys = ["point", "workload"] if "point" in summary else ["workload"]
     out = []
-    for workload, rows in summary.groupby("workload", sort=False):
+    for key, rows in summary.groupby(keys, sort=False):
+        point, workload = key if len(keys) == 2 else ("", key[0] if isinstance(key, tuple) else key)
         signed = rows[rows["verdict"].notna()]
         if not len(signed):
             continue
@@ -165,7 +183,8 @@ def workload_verdicts(run: RunTables) -> list[WorkloadVerdict]:
         reasons = [r for r in str(row.get("reasons") or "").split(",") if r]
         advice = "" if missing(row.get("advice")) else str(row.get("advice"))
         out.append(WorkloadVerdict(str(workload), str(row["arm"]), str(row["verdict"]), reasons,
-                                   fmt_ratio(row.get("speedup_vs_baseline"), row.get("ci_low"), row.get("ci_high")), advice))
+                                   fmt_ratio(row.get("speedup_vs_baseline"), row.get("ci_low"), row.get("ci_high")),
+                                   advice, str(point)))
     return out
 
 
@@ -178,6 +197,223 @@ def overall_verdict(run: RunTables, verdicts: list[WorkloadVerdict]) -> tuple[st
     if status == "interrupted":
         return worst, 130
     return worst, v.EXIT_CODES[worst]
+
+
+# ---- sweeps --------------------------------------------------------------------------------------------------------
+
+
+def points(run: RunTables) -> list[str]:
+    """The run's sweep points in the order it measured them; [] for a run from before sweeps.
+
+    run.parquet's points_json comes first: it also lists points where nothing ran (every arm out of memory while
+    building), which appear in no step table.
+    """
+    found: list[str] = []
+    listed = run.run.get("points_json")
+    if isinstance(listed, str) and listed:
+        try:
+            found = [str(p["point"]) for p in json.loads(listed) if isinstance(p, dict) and "point" in p]
+        except json.JSONDecodeError:
+            found = []
+    for name in ("summary", "steps", "correctness", "memory"):
+        frame = run.get(name)
+        if frame is not None and "point" in frame:
+            found += [str(p) for p in frame["point"].dropna()]
+    return list(dict.fromkeys(found))
+
+
+def is_sweep(run: RunTables) -> bool:
+    """More than one point: every per-point number must then be shown apart, never pooled."""
+    return len(points(run)) > 1
+
+
+def has_points(run: RunTables) -> bool:
+    """Written by a compare that knows sweeps (and so memory peaks), even with one point."""
+    return bool(points(run))
+
+
+def point_label(run: RunTables, point: str) -> str:
+    """'b8-s1024-bf16: batch 8, seq 1024, bf16' from whichever table knows the point's columns."""
+    for name in ("summary", "steps", "correctness", "memory"):
+        frame = run.get(name)
+        if frame is not None and {"point", "batch", "seq", "precision"} <= set(frame.columns):
+            rows = frame[frame["point"] == point]
+            if len(rows):
+                r = rows.iloc[0]
+                return f"{point}: batch {r['batch']}, seq {r['seq']}, {r['precision']}"
+    return point
+
+
+def sweep_line(run: RunTables) -> str:
+    """'4 points: batch 1, 2 x seq 16, 32 x fp32' (or '' for a run of one point)."""
+    names = points(run)
+    if len(names) < 2:
+        return ""
+    config = run.config()
+    axes = []
+    for key, label in (("batch", "batch"), ("seq", "seq"), ("precision", "dtype")):
+        value = config.get(key)
+        values = value if isinstance(value, list) else [value]
+        axes.append(f"{label} {', '.join(map(str, values))}")
+    return f"sweep of {len(names)} points: " + " x ".join(axes)
+
+
+def verdict_grid(run: RunTables) -> tuple[list[str], list[str], dict[tuple[str, str], WorkloadVerdict]]:
+    """Points (rows), workloads (columns) and the verdict signed in each cell."""
+    verdicts = workload_verdicts(run)
+    cells = {(w.point, w.workload): w for w in verdicts}
+    rows = [p for p in points(run) if any(w.point == p for w in verdicts)]
+    rows += [p for p in dict.fromkeys(w.point for w in verdicts) if p not in rows]
+    columns = [w for w in workloads(run) if any(v.workload == w for v in verdicts)]
+    return rows, columns, cells
+
+
+def grid_cell_text(verdict: WorkloadVerdict | None) -> str:
+    """One cell of the grid as plain text: verdict, speedup [CI] and reasons, or that memory ran out."""
+    if verdict is None:
+        return "-"
+    if verdict.out_of_memory:
+        return f"OUT OF MEMORY ({verdict.verdict})"
+    reasons = ", ".join(r for r in verdict.reasons if r != verdict.verdict)
+    return f"{verdict.verdict} {verdict.speedup}" + (f" ({reasons})" if reasons else "")
+
+
+def mixed_direction(verdicts: list[WorkloadVerdict]) -> str:
+    """'faster at b1-s16-fp32/infer, slower at b8-s1024-bf16/infer' when the sweep points disagree, else ''."""
+    faster = [f"{w.point}/{w.workload}" for w in verdicts if v.FASTER in w.reasons]
+    slower = [f"{w.point}/{w.workload}" for w in verdicts if v.SLOWER in w.reasons]
+    if not faster or not slower:
+        return ""
+    return (f"The kernel is significantly faster at {', '.join(faster)} and slower at {', '.join(slower)}: "
+            "its benefit depends on the shape.")
+
+
+def sweep_speedups(run: RunTables) -> pd.DataFrame | None:
+    """The arm under test's speedup and interval per (point, workload), for the sweep plot; None without a sweep."""
+    summary = run.get("summary")
+    if summary is None or "point" not in summary or not is_sweep(run) or "verdict" not in summary:
+        return None
+    signed = summary[summary["verdict"].notna()]
+    columns = ["point", "workload", "arm", "speedup_vs_baseline", "ci_low", "ci_high", "verdict", "reasons"]
+    return signed[[c for c in columns if c in signed]] if len(signed) else None
+
+
+# ---- memory ------------------------------------------------------------------------------------------------------
+
+MEMORY_VALUES = (("peak_alloc_mb", "device alloc MB"), ("peak_reserved_mb", "device reserved MB"),
+                 ("host_peak_rss_mb", "host peak RSS MB"))
+MEMORY_PHASE = "timing"  # the phase summary.parquet's memory columns come from (e2eprof.summary.MEMORY_PHASE)
+
+
+def _memory_peaks(run: RunTables) -> pd.DataFrame | None:
+    """Timed-phase peaks per (point, workload, arm): memory.parquet's timing rows, else the summary's columns."""
+    memory = run.get("memory")
+    if memory is not None and "phase" in memory:
+        timed = memory[memory["phase"] == MEMORY_PHASE]
+        if len(timed):
+            return timed
+    summary = run.get("summary")
+    if summary is not None and any(c in summary for c, _ in MEMORY_VALUES):
+        measured = summary[[c for c, _ in MEMORY_VALUES if c in summary]].notna().any(axis=1)
+        return summary[measured] if measured.any() else None
+    return None
+
+
+def memory_table(run: RunTables) -> Table | None:
+    """Peak memory of the timed steps per (point, workload, arm), the largest phase, and out-of-memory arms."""
+    peaks = _memory_peaks(run)
+    checks = run.get("correctness")
+    oom = checks[checks["metric"] == OOM_METRIC] if checks is not None and "metric" in checks else None
+    if peaks is None and (oom is None or not len(oom)):
+        return None
+    sweep = is_sweep(run)
+    shown = [(c, label) for c, label in MEMORY_VALUES if peaks is not None and c in peaks and peaks[c].notna().any()]
+    # Compare arms on device memory where it was measured, else on host memory (a CPU run).
+    basis = next((c for c, _ in shown if c == "peak_alloc_mb"), "host_peak_rss_mb")
+    basis_label = dict(MEMORY_VALUES)[basis]
+    versus = [f"{basis_label.split(' MB')[0]} vs baseline"] if shown else []
+    columns = [*(["point"] if sweep else []), "workload", "arm", *[label for _, label in shown], *versus,
+               "largest phase" if shown else "out of memory"]
+    memory = run.get("memory")
+    body, classes = [], []
+    for _, r in (peaks.iterrows() if peaks is not None else iter(())):
+        here = _same_cell(peaks, r)
+        base = here[here["arm"] == "baseline"]
+        base_value = float(base[basis].iloc[0]) if len(base) and basis in base and not missing(base[basis].iloc[0]) else None
+        value = r.get(basis)
+        vs = "-" if base_value in (None, 0) or missing(value) or r["arm"] == "baseline" else f"{(float(value) / base_value - 1) * 100:+.1f}%"
+        body.append([*([str(r["point"])] if sweep else []), str(r["workload"]), str(r["arm"]),
+                     *[fmt_num(r.get(c), ".1f") for c, _ in shown], vs, _largest_phase(memory, r, basis)])
+        classes.append("")
+    for _, r in (oom.iterrows() if oom is not None else iter(())):
+        body.append([*([str(r.get("point", ""))] if sweep else []), str(r["workload"]), str(r["arm"]),
+                     *["out of memory"] * len(shown), *["-"] * len(versus), str(r.get("detail") or "")])
+        classes.append("fail")
+    return Table(columns, body, numeric=set(range(2 + sweep, len(columns) - 1)), row_classes=classes)
+
+
+def _same_cell(frame: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
+    """The rows of `frame` at the same point and workload as `row`."""
+    mine = frame[frame["workload"] == row["workload"]]
+    return mine[mine["point"] == row["point"]] if "point" in frame and "point" in row else mine
+
+
+def _largest_phase(memory: pd.DataFrame | None, row: pd.Series, column: str) -> str:
+    """'correctness: 812.3' : the phase of this arm with the highest peak, from memory.parquet."""
+    if memory is None or column not in memory:
+        return "-"
+    mine = _same_cell(memory, row)
+    mine = mine[(mine["arm"] == row["arm"]) & mine[column].notna()]
+    if not len(mine):
+        return "-"
+    top = mine.loc[mine[column].idxmax()]
+    return f"{top['phase']}: {float(top[column]):.1f}"
+
+
+def memory_notes(run: RunTables) -> list[str]:
+    """What the memory numbers mean on this run: device stats or host only, per-phase or process-lifetime peaks."""
+    notes = []
+    peaks = _memory_peaks(run)
+    if peaks is None:
+        notes.append(f"Peaks: {NOT_RECORDED}; only the arms that ran out of memory are known.")
+    if peaks is not None and "peak_alloc_mb" in peaks and not peaks["peak_alloc_mb"].notna().any():
+        notes.append("Device memory: not measured (no CUDA device); arms are compared on host peak RSS.")
+    memory = run.get("memory")
+    if memory is not None and "host_rss_scope" in memory and (memory["host_rss_scope"] == "process").any():
+        notes.append("Host RSS here is the process-lifetime peak (this system cannot reset it per phase).")
+    return notes
+
+
+def maxbatch_table(run: RunTables) -> Table | None:
+    """--find-max-batch: per (seq, dtype) and arm the largest batch that ran and the first that did not."""
+    table = run.get("maxbatch")
+    if table is None:
+        return None
+    body = []
+    for _, r in table.iterrows():
+        best = "-" if missing(r.get("max_batch")) else f"{int(r['max_batch'])}" + (" (cap)" if bool(r.get("capped")) else "")
+        first = "-" if missing(r.get("smallest_failed")) else str(int(r["smallest_failed"]))
+        body.append([str(r.get("seq")), str(r.get("precision")), str(r["arm"]), best, first,
+                     "-" if missing(r.get("probes")) else str(int(r["probes"])),
+                     fmt_num(r.get("peak_alloc_mb_at_max"), ".0f"), str(r.get("detail") or "")])
+    return Table(["seq", "dtype", "arm", "max batch", "first failure", "probes", "peak alloc MB at max", "detail"],
+                 body, numeric={0, 3, 4, 5, 6})
+
+
+def maxbatch_lines(run: RunTables) -> list[str]:
+    """'seq 16, fp32: patched fits batch 12, baseline 6 (2.00x)' where the two arms differ."""
+    table = run.get("maxbatch")
+    if table is None:
+        return []
+    lines = []
+    for (seq, precision), rows in table.groupby(["seq", "precision"], sort=False):
+        found = dict(zip(rows["arm"], rows["max_batch"]))
+        base, patched = found.get("baseline"), found.get("patched")
+        if missing(base) or missing(patched) or not base or base == patched:
+            continue
+        lines.append(f"seq {seq}, {precision}: patched fits batch {int(patched)}, baseline {int(base)} "
+                     f"({float(patched) / float(base):.2f}x)")
+    return lines
 
 
 # ---- speedups ------------------------------------------------------------------------------------------------------
@@ -278,19 +514,21 @@ def balance_table(run: RunTables) -> Table | None:
     balance = run.get("balance")
     if balance is None:
         return None
-    columns = ["workload", "arm", "steps with telemetry", "SM clock MHz", "clock vs baseline", "GPU temp C",
-               "temp vs baseline", "throttled share", "flags"]
+    sweep = "point" in balance and balance["point"].nunique() > 1
+    columns = [*(["point"] if sweep else []), "workload", "arm", "steps with telemetry", "SM clock MHz",
+               "clock vs baseline", "GPU temp C", "temp vs baseline", "throttled share", "flags"]
     body, classes = [], []
     for _, r in balance.iterrows():
         flags = [name for name in ("clock_imbalance", "temp_imbalance", "throttled") if bool(r.get(name) or False)]
         clock = "-" if missing(r.get("clock_diff_rel")) else f"{float(r['clock_diff_rel']) * 100:+.1f}%"
         temp = "-" if missing(r.get("temp_diff_c")) else f"{float(r['temp_diff_c']):+.1f} C"
         share = "-" if missing(r.get("throttled_share")) else f"{float(r['throttled_share']) * 100:.0f}%"
-        body.append([str(r["workload"]), str(r["arm"]), f"{r.get('steps_with_telemetry', '-')}/{r.get('steps', '-')}",
+        body.append([*([str(r["point"])] if sweep else []), str(r["workload"]), str(r["arm"]),
+                     f"{r.get('steps_with_telemetry', '-')}/{r.get('steps', '-')}",
                      fmt_num(r.get("sm_clock_median_mhz"), ".0f"), clock, fmt_num(r.get("gpu_temp_median_c"), ".0f"),
                      temp, share, ", ".join(flags) or "none"])
         classes.append("fail" if flags else "")
-    return Table(columns, body, numeric={2, 3, 4, 5, 6, 7}, row_classes=classes)
+    return Table(columns, body, numeric={i + sweep for i in (2, 3, 4, 5, 6, 7)}, row_classes=classes)
 
 
 # ---- correctness ---------------------------------------------------------------------------------------------------

@@ -272,3 +272,134 @@ def test_cli_bad_directory_is_one_line_and_exit_2(tmp_path, case):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("e2eprof: error: "), done.stderr
     assert "Traceback" not in done.stderr
+
+
+# ---- sweeps ------------------------------------------------------------------------------------------------------
+
+SWEEP_POINTS = {"b1-s16-fp32": (1, 16), "b2-s16-fp32": (2, 16), "b2-s32-fp32": (2, 32)}
+# Per point: baseline and patched medians (ms) and the verdict signed there; b2-s32 ran out of memory.
+SWEEP_MEDIANS = {"b1-s16-fp32": (20.0, 16.0, "PASS", "FASTER"), "b2-s16-fp32": (41.0, 47.0, "FAIL", "SLOWER")}
+
+
+def synthetic_sweep(run_dir: Path, *, with_memory: bool = True) -> None:
+    """Three points of one workload: faster at one, slower at another, out of memory at the third (as compare
+    records it: oom correctness rows, a summary row with n 0, no steps); memory and max-batch tables."""
+    config = {"model": "gpt2-tiny", "patch": "fastsoftmax", "confidence": 0.95, "workloads": ["infer"],
+              "batch": [1, 2], "seq": [16, 32], "precision": "fp32"}
+    identity = {p: {"point": p, "batch": b, "seq": s, "precision": "fp32"} for p, (b, s) in SWEEP_POINTS.items()}
+    write_table(run_dir, "run", [{
+        "run_id": "sweep01", "schema_version": 1, "status": "complete", "command_line": "e2eprof compare --batch 1,2",
+        "config_json": json.dumps(config), "environment_json": json.dumps({"device": "cpu"}), "patch_spec": "fastsoftmax",
+        "started_unix_ns": 1_796_000_000_000_000_000, "verdict": "FAIL",
+        "points_json": json.dumps(list(identity.values()))}])
+    steps, summary, checks, memory = [], [], [], []
+    for k, (point, (base, patched, verdict, reason)) in enumerate(SWEEP_MEDIANS.items()):
+        for i, (arm, median) in enumerate((("baseline", base), ("patched", patched))):
+            for step in range(6):
+                start = 1_796_000_001_000_000_000 + (k * 100 + step * 10 + i) * 10_000_000
+                wall = int((median + step % 2) * 1e6)
+                steps.append({"workload": "infer", "arm": arm, "block": step // 2, "step": step, "phase": "warm",
+                              "wall_ns": wall, "start_unix_ns": start, "end_unix_ns": start + wall, **identity[point]})
+            ratio = base / median
+            row = {"workload": "infer", "arm": arm, "n": 6, "median_ms": median + 0.5, "p10_ms": median, "p90_ms": median + 1,
+                   "cold_ms": 90.0, "correct": True, "speedup_vs_baseline": ratio,
+                   "ci_low": math.nan if arm == "baseline" else ratio - 0.05,
+                   "ci_high": math.nan if arm == "baseline" else ratio + 0.05, **identity[point]}
+            if arm == "patched":
+                row |= {"verdict": verdict, "reasons": reason}
+            summary.append(row)
+            checks.append({"workload": "infer", "arm": arm, "tensor": "logits", "metric": "rel_error_vs_fp64",
+                           "value": 1e-6, "tolerance": 1e-5, "passed": True, "detail": "", **identity[point]})
+            for phase, extra in (("correctness", 3.0), ("timing", 0.0)):
+                memory.append({"workload": "infer", "arm": arm, "phase": phase, "peak_alloc_mb": math.nan,
+                               "peak_reserved_mb": math.nan, "host_rss_scope": "phase",
+                               "host_peak_rss_mb": 500.0 + 10 * k + i + extra, **identity[point]})
+    summary.append({"workload": "infer", "arm": "patched", "n": 0, "verdict": "INCONCLUSIVE", "reasons": "OUT_OF_MEMORY",
+                    "advice": "baseline, patched ran out of memory at b2-s32-fp32", "correct": False,
+                    **identity["b2-s32-fp32"]})
+    for arm in ("baseline", "patched"):
+        checks.append({"workload": "infer", "arm": arm, "tensor": "-", "metric": "oom", "value": math.nan,
+                       "tolerance": math.nan, "passed": False, "detail": f"out of memory during cold: MemoryError ({arm})",
+                       **identity["b2-s32-fp32"]})
+    write_table(run_dir, "steps", steps)
+    write_table(run_dir, "summary", summary)
+    write_table(run_dir, "correctness", checks)
+    if with_memory:
+        write_table(run_dir, "memory", memory)
+        write_table(run_dir, "maxbatch", [
+            {"seq": 16, "precision": "fp32", "arm": "baseline", "max_batch": 6, "capped": False, "smallest_failed": 7,
+             "probes": 5, "peak_alloc_mb_at_max": math.nan, "detail": "MemoryError"},
+            {"seq": 16, "precision": "fp32", "arm": "patched", "max_batch": 12, "capped": False, "smallest_failed": 13,
+             "probes": 6, "peak_alloc_mb_at_max": math.nan, "detail": "MemoryError"}])
+
+
+def point_section(html: str, point: str) -> str:
+    start = html.index(f'<section id="point-{point}"')
+    return html[start:html.index("</section>\n", start)]
+
+
+def test_sweep_report_grid_points_apart_memory_and_max_batch(tmp_path):
+    run_dir = tmp_path / "sweep"
+    synthetic_sweep(run_dir)
+    html, md = render(run_dir)
+
+    points = [f"Point {p}: batch {b}, seq {s}, fp32" for p, (b, s) in SWEEP_POINTS.items()]
+    assert headings(html) == ["Verdict", "Peak memory", "Largest batch without running out of memory", *points,
+                              "Latency, SM clock and GPU temperature over time", "Environment"]
+    assert "Run verdict: FAIL &mdash; exit code 1" in html and "1 PASS, 1 INCONCLUSIVE, 1 FAIL" in html
+    # The grid: one coloured cell per (point, workload) with the speedup and its interval, linked to the point.
+    cells = re.findall(r'<th class="point"><a href="#point-([\w-]+)">[\w-]+</a></th><td class="cell cell-(\w+)"[^>]*><b>([\w ]+)</b>', html)
+    assert cells == [("b1-s16-fp32", "PASS", "PASS"), ("b2-s16-fp32", "FAIL", "FAIL"), ("b2-s32-fp32", "OOM", "OUT OF MEMORY")]
+    for point, (base, patched, verdict, reason) in SWEEP_MEDIANS.items():
+        ratio = base / patched
+        text = interval(ratio, ratio - 0.05, ratio + 0.05)
+        assert text in html and f"| {point} | {verdict} {text} ({reason}) |" in md
+        # Each point's numbers sit in its own section only: nothing pooled, nothing from a neighbour.
+        own = point_section(html, point)
+        assert f"{patched + 0.5:.4g}" in own and text in own
+        others = [p for p in SWEEP_MEDIANS if p != point]
+        assert all(f"{SWEEP_MEDIANS[o][1] + 0.5:.4g}" not in own for o in others)
+        assert len(embedded_pngs(own)) == 1  # this point's latency distribution
+    assert "| b2-s32-fp32 | OUT OF MEMORY (INCONCLUSIVE) |" in md
+    oom = point_section(html, "b2-s32-fp32")
+    assert "OUT OF MEMORY" in oom and "nothing timed" in oom and "out of memory during cold" in oom
+    assert "significantly faster at b1-s16-fp32/infer and slower at b2-s16-fp32/infer" in html
+    assert "OUT_OF_MEMORY</b>: the baseline or the arm under test ran out of memory" in html
+
+    # Memory: the timed phase's host peak per arm against the baseline, the largest phase, the arms that ran out.
+    assert "| b1-s16-fp32 | infer | patched | 501.0 | +0.2% | correctness: 504.0 |" in md
+    assert "| b2-s16-fp32 | infer | baseline | 510.0 | - | correctness: 513.0 |" in md
+    assert "| b2-s32-fp32 | infer | baseline | out of memory | - | out of memory during cold: MemoryError (baseline) |" in md
+    assert "Device memory: not measured (no CUDA device)" in html
+    assert "| 16 | fp32 | patched | 12 | 13 | 6 | - | MemoryError |" in md
+    assert "seq 16, fp32: patched fits batch 12, baseline 6 (2.00x)" in html
+    assert f"Op diff and Predicted (Amdahl) vs measured: {NOT_RECORDED}" in html
+    assert "sweep of 3 points: batch 1, 2 x seq 16, 32 x dtype fp32" in html
+    # the sweep plot, one latency distribution per point that ran, the timeline
+    assert len(embedded_pngs(html)) == 1 + 2 + 1
+    assert_self_contained(html)
+
+
+def test_sweep_without_memory_tables_says_not_recorded(tmp_path):
+    run_dir = tmp_path / "sweep"
+    synthetic_sweep(run_dir, with_memory=False)
+    html, md = render(run_dir)
+    assert "Largest batch" not in html
+    # the summary carries no memory columns either, but the out-of-memory arms are still named
+    assert "out of memory during cold: MemoryError (patched)" in point_section(html, "b2-s32-fp32")
+    table = re.search(r'<section id="memory">.*?</section>', html).group(0)
+    assert "host peak RSS" not in table and "vs baseline" not in table and "out of memory during cold" in table
+    assert f"Peaks: {NOT_RECORDED}; only the arms that ran out of memory are known." in table
+
+
+def test_one_point_run_with_point_columns_renders_as_before_plus_memory(tmp_path):
+    run_dir = tmp_path / "one"
+    synthetic_run(run_dir)
+    for name in ("steps", "summary", "correctness"):
+        frame = pd.read_parquet(run_dir / f"{name}.parquet")
+        write_table(run_dir, name, frame.assign(point="b1-s64-fp32", batch=1, seq=64, precision="fp32"))
+    html, md = render(run_dir)
+    assert headings(html) == [*SECTIONS[:2], "Peak memory", *SECTIONS[2:]]
+    assert f"Peak memory: {NOT_RECORDED}." in html and f"Peak memory: {NOT_RECORDED}." in md
+    assert verdict_cards(html) == {"train": "PASS", "infer": "FAIL"}
+    assert 'class="grid"' not in html and "Point b1" not in html
