@@ -135,7 +135,7 @@ class RunRecord:
         values = rows.wall_ns.to_numpy(dtype=float) if metric == "wall" else rows.device_ms.to_numpy(dtype=float)
         return rows.block.to_numpy()[np.isfinite(values)]
 
-    def relabelled(self, label: str) -> "RunRecord":
+    def relabelled(self, label: str) -> RunRecord:
         """The same run with its one point renamed (two single-point runs are diffed row against row)."""
         summary = self.summary.assign(point=label) if self.summary is not None else None
         return dataclasses.replace(self, warm=self.warm.assign(point=label), summary=summary, points=[label],

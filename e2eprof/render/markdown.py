@@ -53,8 +53,8 @@ def _sweep_verdict(run: t.RunTables) -> list[str]:
     if not verdicts:
         return out + [f"Verdicts: {t.NOT_RECORDED}.", ""]
     worst, code = t.overall_verdict(run, verdicts)
-    out += [f"**Run verdict: {worst}** (exit code {code}; worst over {len(verdicts)} point/workload verdicts; "
-            f"{t.sweep_line(run)})", ""]
+    out += [(f"**Run verdict: {worst}** (exit code {code}; worst over {len(verdicts)} point/workload verdicts; "
+             f"{t.sweep_line(run)})"), ""]
     rows, workloads, cells = t.verdict_grid(run)
     ci = t.confidence_label(run)
     tested = " / ".join(dict.fromkeys(w.arm for w in verdicts))

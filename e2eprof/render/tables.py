@@ -72,7 +72,7 @@ class RunTables:
     def environment(self) -> dict:
         return _json(self.run.get("environment_json"))
 
-    def at(self, point: str) -> "RunTables":
+    def at(self, point: str) -> RunTables:
         """The same run seen at one sweep point: every table with a `point` column cut to that point's rows.
 
         Tables without the column (telemetry, a run from before sweeps) are kept whole.

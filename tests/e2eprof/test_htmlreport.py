@@ -383,7 +383,7 @@ def test_sweep_report_grid_points_apart_memory_and_max_batch(tmp_path):
 def test_sweep_without_memory_tables_says_not_recorded(tmp_path):
     run_dir = tmp_path / "sweep"
     synthetic_sweep(run_dir, with_memory=False)
-    html, md = render(run_dir)
+    html, _ = render(run_dir)
     assert "Largest batch" not in html
     # the summary carries no memory columns either, but the out-of-memory arms are still named
     assert "out of memory during cold: MemoryError (patched)" in point_section(html, "b2-s32-fp32")

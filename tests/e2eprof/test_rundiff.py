@@ -16,8 +16,21 @@ import pytest
 
 from e2eprof import reports
 from e2eprof.errors import UsageError
-from e2eprof.rundiff import (BELOW_MARGIN, FASTER, NO_SIGNIFICANT_DIFFERENCE, ONLY_IN_A, ONLY_IN_B, OUT_OF_MEMORY_IN_A,
-                             OUT_OF_MEMORY_IN_B, SLOWER, SPEEDUP_DROPPED, SPEEDUP_GREW, DiffConfig, diff_runs, outcome)
+from e2eprof.rundiff import (
+    BELOW_MARGIN,
+    FASTER,
+    NO_SIGNIFICANT_DIFFERENCE,
+    ONLY_IN_A,
+    ONLY_IN_B,
+    OUT_OF_MEMORY_IN_A,
+    OUT_OF_MEMORY_IN_B,
+    SLOWER,
+    SPEEDUP_DROPPED,
+    SPEEDUP_GREW,
+    DiffConfig,
+    diff_runs,
+    outcome,
+)
 from e2eprof.sweep import SweepPoint
 
 REPO = Path(__file__).resolve().parents[2]
