@@ -3,7 +3,9 @@
 Applying resolves every target before touching anything (all-or-nothing), installs a `CallRecorder` that
 counts calls and records argument signatures, and returns an `AppliedPatch` that reverts exactly what it
 changed. In verify mode the recorder also runs the stock function and the fp64 reference on the same
-arguments and records how far the patched output is from each (`OpCheck` rows).
+arguments and records how far the patched output is from each (`OpCheck` rows), and runs the anti-cheat
+checks on every call (CALL_CHECK_METRICS: poisoned allocator, inputs compared before/after, output kind,
+a repeat on copies, new contents at the same address, threads left running).
 
 A class target swaps each instance's class for the replacement subclass and binds one recorder per target as
 each instance's `forward`, so module replacements are counted and verified too: the recorder calls
@@ -12,7 +14,12 @@ replacement.forward(module, x), the stock forward(module, x) and reference(modul
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
+import math
+import pkgutil
+import threading
 import types
 from collections import Counter
 from collections.abc import Callable
@@ -22,7 +29,7 @@ import torch
 
 from e2eprof.errors import PatchError
 from e2eprof.patch import Patch
-from e2eprof.tensorcheck import compare_to_reference
+from e2eprof.tensorcheck import Agreement, compare_to_reference, same_special_values
 
 
 class ModuleProxy(types.ModuleType):
@@ -47,10 +54,23 @@ def _signature_key(args: tuple, kwargs: dict) -> tuple:
     This runs on every call of the patched function, inside the timed loop, so it must cost far less than a
     kernel launch: tuples of shapes and dtypes, no string formatting.
     """
-    key = tuple((a.dtype, tuple(a.shape)) if isinstance(a, torch.Tensor) else a for a in args)
+    key = tuple((a.dtype, tuple(a.shape)) if isinstance(a, torch.Tensor)
+                else _ModuleArg(type(a).__name__) if isinstance(a, torch.nn.Module) else a for a in args)
     if kwargs:
         key += tuple((k, (v.dtype, tuple(v.shape)) if isinstance(v, torch.Tensor) else v) for k, v in sorted(kwargs.items()))
     return key
+
+
+class _ModuleArg(str):
+    """A module argument in a signature key: its class name, so every layer's call shares one signature."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _tensor_items(value) -> list | None:
+    """The elements of a tuple/list output (attention functions return (output, weights)); None for anything else."""
+    return list(value) if isinstance(value, (tuple, list)) else None
 
 
 def format_signature(key: tuple) -> str:
@@ -78,9 +98,122 @@ def _to_float64(value):
     return value
 
 
+# ---- Anti-cheat checks of verify mode (GUIDE section 3; README "What e2eprof checks") ----------------------
+# Each is its own correctness row, so a report names the trick, not just "incorrect". Only top-level tensor
+# arguments are inspected (what the replaced functions and forwards take).
+CALL_CHECK_METRICS = {
+    "output_not_plain_tensor": "a tensor subclass (possibly lazy, or lying about its contents) instead of torch.Tensor",
+    "output_dtype": "an output dtype other than the stock op's (a quiet precision change)",
+    "output_shape": "an output shape other than the stock op's",
+    "output_strides": "output strides other than the stock op's (later ops may read it wrongly)",
+    "output_device": "an output on another device than the stock op's",
+    "nan_inf_positions": "NaN/Inf where the stock output has finite values, or the reverse",
+    "input_mutated": "inputs changed in place (compared bit for bit before and after the call)",
+    "nondeterministic": "a second call on copies of the inputs (new address, same contents) not bit-identical",
+    "stale_output": "the same tensors refilled with new contents give an output that does not follow them (caching)",
+    "threads_leaked": "Python threads started by the call still running when it returns (work off the clock)",
+}
+
+
+def _tensor_inputs(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """Top-level tensor arguments, positional first, then keyword (the order _map_tensors refills them in)."""
+    return [a for a in args if isinstance(a, torch.Tensor)] + [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+
+
+def _map_tensors(args: tuple, skip: int, fn) -> tuple:
+    return tuple(a if i < skip or not isinstance(a, torch.Tensor) else fn(a) for i, a in enumerate(args))
+
+
+def _identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bits (NaN equal to NaN at the same position)."""
+    a, b = a.detach().as_subclass(torch.Tensor), b.detach().as_subclass(torch.Tensor)
+    if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        nan = torch.isnan(a)
+        return bool(torch.equal(nan, torch.isnan(b)) and torch.equal(a[~nan], b[~nan]))
+    return bool(torch.equal(a, b))
+
+
+def _poison_allocator(inputs: list[torch.Tensor]) -> None:
+    """Fill soon-to-be-reused memory with NaN, so an output that is never written cannot hold an earlier result.
+
+    An output-sized NaN block is allocated and freed right before the call: CUDA's caching allocator hands that
+    block to the next allocation of the size (a kernel's torch.empty_like output), and CPU malloc usually does.
+    Outputs are guessed to be input-sized, in the input dtype or fp32 (autocast's upcast).
+    """
+    for t in inputs:
+        if t.is_floating_point() and t.numel():
+            for dtype in {t.dtype, torch.float32}:
+                torch.full(t.shape, math.nan, dtype=dtype, device=t.device)
+
+
+def _writable(t: torch.Tensor) -> bool:
+    # An expanded tensor (stride 0 over a dimension longer than 1) has elements sharing memory: no copy_ into it.
+    return all(stride != 0 or size == 1 for stride, size in zip(t.stride(), t.shape))
+
+
+def _fresh_contents(t: torch.Tensor) -> torch.Tensor:
+    """Different values of the same kind: reversed in every dimension and scaled (keeps masks' huge negatives)."""
+    return (t.flip(list(range(t.dim()))) if t.dim() else t) * 0.75
+
+
+def _layout_findings(out, stock) -> dict[str, str]:
+    """Metric -> detail for each way `out` differs from the stock output in kind rather than in value."""
+    items = _tensor_items(stock)
+    if items is not None:
+        outs = _tensor_items(out)
+        if outs is None or len(outs) != len(items):
+            return {"output_shape": f"{type(out).__name__} instead of a {len(items)}-tuple like the stock function"}
+        found: dict[str, str] = {}
+        for i, (o, s) in enumerate(zip(outs, items)):
+            for metric, detail in _layout_findings(o, s).items():
+                found.setdefault(metric, f"output[{i}]: {detail}")
+        return found
+    if not isinstance(stock, torch.Tensor):
+        return {}
+    if type(out) is not torch.Tensor:
+        found = {"output_not_plain_tensor": f"returned {type(out).__module__}.{type(out).__name__}"}
+        if not isinstance(out, torch.Tensor):
+            return found
+        out = out.as_subclass(torch.Tensor)  # judge what it holds, not what its methods claim
+    else:
+        found = {}
+    name = lambda dtype: str(dtype).removeprefix("torch.")  # noqa: E731
+    if out.dtype != stock.dtype:
+        found["output_dtype"] = f"{name(out.dtype)} != stock {name(stock.dtype)}"
+    if out.shape != stock.shape:
+        found["output_shape"] = f"{tuple(out.shape)} != stock {tuple(stock.shape)}"
+        return found
+    if out.device != stock.device:
+        found["output_device"] = f"{out.device} != stock {stock.device}"
+    elif out.stride() != stock.stride():
+        found["output_strides"] = f"{out.stride()} != stock {stock.stride()}"
+    if not same_special_values(out, stock):
+        found["nan_inf_positions"] = "NaN/Inf positions differ from the stock output"
+    return found
+
+
+def call_check_rows(workload: str, arm: str, checks: list[dict]) -> list[dict]:
+    """One correctness row per anti-cheat metric over all checked calls (value: calls that failed it)."""
+    rows = []
+    calls = sum(c["calls"] for c in checks)
+    for metric, guards in CALL_CHECK_METRICS.items():
+        failed = [(c["signature"], *c.get("findings", {})[metric]) for c in checks if metric in c.get("findings", {})]
+        count = sum(n for _, n, _ in failed)
+        detail = f"{failed[0][0]}: {failed[0][2]}" if failed else f"{calls} calls checked: no {guards}"
+        rows.append({"workload": workload, "arm": arm, "tensor": failed[0][0] if failed else "-", "metric": metric,
+                     "value": float(count), "tolerance": 0.0, "passed": not failed, "detail": detail})
+    return rows
+
+
 @dataclass
 class OpCheck:
-    """Worst errors seen for one argument signature while verifying."""
+    """Worst errors seen for one argument signature while verifying.
+
+    passed/problems are the value comparison (against the stock output and the fp64 reference); `findings`
+    holds the anti-cheat checks (see CALL_CHECK_METRICS): metric -> [calls that failed it, first detail].
+    """
 
     signature: str
     calls: int = 0
@@ -89,6 +222,11 @@ class OpCheck:
     stock_error: float = 0.0
     tolerance: float = 0.0
     problems: list[str] = field(default_factory=list)
+    findings: dict[str, list] = field(default_factory=dict)
+
+    def add_finding(self, metric: str, detail: str) -> None:
+        entry = self.findings.setdefault(metric, [0, detail])
+        entry[0] += 1
 
 
 REPLACED_RANGE_PREFIX = "e2eprof.replaced::"
@@ -118,28 +256,119 @@ class CallRecorder:
         self.calls += 1
         key = _signature_key(args[self.skip:], kwargs)
         self.signatures[key] += 1
+        if self.verify:
+            return self._verified_call(format_signature(key), args, kwargs)
         if self.mark_ranges:
             with torch.profiler.record_function(self.range_name):
-                out = self.target(*args, **kwargs)
-        else:
-            out = self.target(*args, **kwargs)
-        if self.verify:
-            self._check(format_signature(key), args, kwargs, out)
-        return out
+                return self.target(*args, **kwargs)
+        return self.target(*args, **kwargs)
 
-    def _check(self, signature: str, args: tuple, kwargs: dict, out) -> None:
-        with torch.no_grad():
-            stock = self.original(*args, **kwargs)  # under the caller's autocast state: exact stock semantics
-            if self.patch.reference is not None:
-                device_type = stock.device.type if isinstance(stock, torch.Tensor) else "cpu"
-                with torch.autocast(device_type, enabled=False):
-                    reference = self.patch.reference(*[_to_float64(a) for a in args], **{k: _to_float64(v) for k, v in kwargs.items()})
-            else:
-                reference = stock.double() if isinstance(stock, torch.Tensor) else stock
+    def _verified_call(self, signature: str, args: tuple, kwargs: dict):
+        """The model's call, plus every per-call check of verify mode (see "Anti-cheat checks" below)."""
         check = self.checks.setdefault(signature, OpCheck(signature))
         check.calls += 1
+        inputs = _tensor_inputs(args[self.skip:], kwargs)
+        before = [t.detach().clone() for t in inputs]
+        _poison_allocator(inputs)
+        threads = threading.active_count()
+        out = self.target(*args, **kwargs)
+        started = threading.active_count() - threads
+        if started > 0:
+            check.add_finding("threads_leaked", f"{started} Python thread(s) still running after the call returned")
+        mutated = [i for i, (t, b) in enumerate(zip(inputs, before)) if not _identical(t, b)]
+        if mutated and not self._stock_mutates(args, kwargs, before):
+            check.add_finding("input_mutated", f"tensor argument(s) {mutated} changed by the call")
+        with torch.no_grad():
+            stock, reference = self._expected(args, kwargs)
+            self._compare(check, out, stock, reference)
+            for metric, detail in _layout_findings(out, stock).items():
+                check.add_finding(metric, detail)
+            self._check_repeatable(check, args, kwargs, out, before)
+            self._check_fresh_contents(check, args, kwargs, inputs, [b if i not in mutated else None
+                                                                      for i, b in enumerate(before)])
+        return out
+
+    def _expected(self, args: tuple, kwargs: dict):
+        """(stock output, fp64 reference) for these arguments."""
+        stock = self.original(*args, **kwargs)  # under the caller's autocast state: exact stock semantics
+        if self.patch.reference is not None:
+            device_type = stock.device.type if isinstance(stock, torch.Tensor) else "cpu"
+            with torch.autocast(device_type, enabled=False):
+                reference = self.patch.reference(*[_to_float64(a) for a in args], **{k: _to_float64(v) for k, v in kwargs.items()})
+        else:
+            reference = stock.double() if isinstance(stock, torch.Tensor) else stock
+        return stock, reference
+
+    def _agreement(self, out, stock, reference):
+        items = _tensor_items(stock)
+        if items is not None:
+            return self._tuple_agreement(out, items, _tensor_items(reference))
         floor = self.patch.tolerance_for(str(getattr(stock, "dtype", "")).removeprefix("torch."))
-        result = compare_to_reference(out, stock, reference, floor=floor, factor=self.patch.error_factor)
+        return compare_to_reference(out, stock, reference, floor=floor, factor=self.patch.error_factor)
+
+    def _tuple_agreement(self, out, stock: list, reference: list | None) -> Agreement:
+        """Every tensor element of a tuple output judged on its own; the worst one decides."""
+        outs = _tensor_items(out)
+        if outs is None or reference is None or len(outs) != len(stock) or len(reference) != len(stock):
+            return Agreement(False, math.inf, math.nan, 0.0,
+                             [f"output is {type(out).__name__}, the stock function returns a {len(stock)}-tuple"])
+        parts = [(i, self._agreement(o, s, r)) for i, (o, s, r) in enumerate(zip(outs, stock, reference))
+                 if isinstance(s, torch.Tensor)]
+        return Agreement(all(a.passed for _, a in parts), max(a.patched_error for _, a in parts),
+                         max(a.stock_error for _, a in parts), max(a.tolerance for _, a in parts),
+                         [f"output[{i}]: {p}" for i, a in parts for p in a.problems])
+
+    def _stock_mutates(self, args: tuple, kwargs: dict, before: list[torch.Tensor]) -> bool:
+        """Does the stock function change its inputs too (an in-place op)? Then so may the replacement."""
+        copies = [b.clone() for b in before]
+        feed = iter(copies)
+        with torch.no_grad():
+            self.original(*_map_tensors(args, self.skip, lambda _: next(feed)),
+                          **{k: next(feed) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
+        return any(not _identical(c, b) for c, b in zip(copies, before))
+
+    def _check_repeatable(self, check: OpCheck, args: tuple, kwargs: dict, out, before: list[torch.Tensor]) -> None:
+        """Run again on copies of the original inputs (new address, same contents): the output must be bit-identical.
+
+        Catches kernels that read uninitialised or out-of-bounds memory, race, or key results on an address.
+        """
+        outs = _tensor_items(out) or [out]  # a tuple output (attention) is compared element by element
+        if not any(isinstance(o, torch.Tensor) for o in outs):
+            return
+        copies = iter([b.clone() for b in before])
+        again = self.target(*_map_tensors(args, self.skip, lambda _: next(copies)),
+                            **{k: next(copies) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
+        agains = _tensor_items(again) or [again]
+        same = len(agains) == len(outs) and all(
+            isinstance(a, torch.Tensor) and _identical(a, o) for a, o in zip(agains, outs) if isinstance(o, torch.Tensor))
+        if not same:
+            check.add_finding("nondeterministic", "a second call on copies of the same inputs gave a different output")
+
+    def _check_fresh_contents(self, check: OpCheck, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
+                              restore: list[torch.Tensor | None]) -> None:
+        """Same tensors (same addresses), new contents: the output must follow the new contents.
+
+        Catches results cached by pointer or object id. The model's tensors get their contents back afterwards
+        (what the call left in them, so a mutating kernel is not silently repaired).
+        """
+        floating = [i for i, t in enumerate(inputs) if t.is_floating_point() and t.numel() > 1 and _writable(t)]
+        if not floating:
+            return
+        saved = {i: restore[i] if restore[i] is not None else inputs[i].detach().clone() for i in floating}
+        try:
+            for i in floating:
+                inputs[i].data.copy_(_fresh_contents(saved[i]))
+            out = self.target(*args, **kwargs)
+            stock, reference = self._expected(args, kwargs)
+            result = self._agreement(out, stock, reference)
+            if not result.passed:
+                check.add_finding("stale_output", "with new contents at the same address: " + "; ".join(result.problems))
+        finally:
+            for i in floating:
+                inputs[i].data.copy_(saved[i])
+
+    def _compare(self, check: OpCheck, out, stock, reference) -> None:
+        result = self._agreement(out, stock, reference)
         check.patched_error = max(check.patched_error, result.patched_error)
         check.stock_error = max(check.stock_error, result.stock_error)
         check.tolerance = max(check.tolerance, result.tolerance)
@@ -216,8 +445,9 @@ def _resolve(target: str) -> tuple[types.ModuleType, list[str], list[object]]:
     module_name, _, path = target.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise PatchError(f"target {target}: module '{module_name}' cannot be imported ({exc})") from None
+    except Exception as exc:  # a module that raises anything on import is a bad target, said in one line
+        raise PatchError(f"target {target}: module '{module_name}' cannot be imported "
+                         f"({' '.join(f'{type(exc).__name__}: {exc}'.split())}){_nearby_modules(module_name)}") from None
     parts = path.split(".")
     objects: list[object] = [module]
     for depth, part in enumerate(parts):
@@ -225,15 +455,119 @@ def _resolve(target: str) -> tuple[types.ModuleType, list[str], list[object]]:
         if not hasattr(owner, part):
             where = module_name + "".join("." + p for p in parts[:depth])
             raise PatchError(
-                f"target {target}: '{where}' has no attribute '{part}' "
+                f"target {target}: '{where}' has no attribute '{part}'{_nearby_names(part, dir(owner))} "
                 f"(the modeling code may have changed in this transformers version)"
             )
         objects.append(getattr(owner, part))
     return module, parts, objects
 
 
+def _nearby_names(name: str, names: list[str]) -> str:
+    """'; nearby: a, b, c' for the names closest to `name` (what the user probably meant), or ''."""
+    close = difflib.get_close_matches(name, [n for n in names if not n.startswith("__")], n=3, cutoff=0.6)
+    return f"; nearby: {', '.join(close)}" if close else ""
+
+
+def _nearby_modules(module_name: str) -> str:
+    """Sibling modules of a module that failed to import, the closest first (a typo in a path is the usual cause)."""
+    parent, _, leaf = module_name.rpartition(".")
+    try:
+        package = importlib.import_module(parent) if parent else None
+    except Exception:  # only a hint for an error already being raised: no hint beats a second failure
+        return ""
+    if package is None or not hasattr(package, "__path__"):
+        return ""
+    return _nearby_names(leaf, [info.name for info in pkgutil.iter_modules(package.__path__)])
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def signature_mismatch(replaced: Callable, replacement: Callable) -> str | None:
+    """Why `replacement` cannot take every call that `replaced` takes, naming the parameter; None when it can.
+
+    The model calls the replacement exactly as it called the stock function, positionally or by keyword, so
+    each of the stock function's parameters must exist in the replacement at the same position, with the same
+    name (unless positional-only) and kind, and keep its default. The replacement may take more: *args/**kwargs,
+    or extra parameters with defaults. Callables without a readable signature (some builtins) are not compared.
+    """
+    try:
+        want, have = inspect.signature(replaced), inspect.signature(replacement)
+    except (TypeError, ValueError):
+        return None
+    have_params = list(have.parameters.values())
+    have_positional = [p for p in have_params if p.kind in _POSITIONAL]
+    have_keyword = {p.name: p for p in have_params if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+    var_args = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in have_params)
+    var_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in have_params)
+    matched: set[str] = set()
+    want_positional = [p for p in want.parameters.values() if p.kind in _POSITIONAL]
+    for p in want.parameters.values():
+        kind = p.kind.description
+        if p.kind is inspect.Parameter.VAR_POSITIONAL and not var_args:
+            return f"the replaced function takes *{p.name}, the replacement has no *args"
+        if p.kind is inspect.Parameter.VAR_KEYWORD and not var_kwargs:
+            return f"the replaced function takes **{p.name}, the replacement has no **kwargs"
+        if p.kind in _POSITIONAL:
+            index = want_positional.index(p)
+            mine = have_positional[index] if index < len(have_positional) else None
+            if mine is None:
+                if var_args and (p.kind is inspect.Parameter.POSITIONAL_ONLY or var_kwargs):
+                    continue
+                return (f"parameter {index + 1} '{p.name}' ({kind}) of the replaced function is missing from the "
+                        f"replacement, which takes {len(have_positional)} positional parameter(s)")
+            matched.add(mine.name)
+            if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and mine.kind is inspect.Parameter.POSITIONAL_ONLY:
+                return (f"parameter {index + 1} '{mine.name}' is positional-only in the replacement but {kind} "
+                        f"('{p.name}') in the replaced function")
+            if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and mine.name != p.name:
+                return (f"parameter {index + 1} is '{mine.name}' in the replacement but '{p.name}' in the replaced "
+                        f"function (callers may pass it by name)")
+        elif p.kind is inspect.Parameter.KEYWORD_ONLY:
+            mine = have_keyword.get(p.name)
+            if mine is None:
+                if var_kwargs:
+                    continue
+                return f"keyword-only parameter '{p.name}' of the replaced function is missing from the replacement"
+            matched.add(mine.name)
+        else:
+            continue
+        if p.default is not inspect.Parameter.empty and mine.default is inspect.Parameter.empty:
+            return (f"parameter '{p.name}' has a default in the replaced function but none in the replacement "
+                    f"(callers may leave it out)")
+    for mine in have_params:
+        required = mine.default is inspect.Parameter.empty and mine.kind not in (
+            inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        if required and mine.name not in matched:
+            return f"the replacement requires parameter '{mine.name}', which the replaced function does not have"
+    return None
+
+
+def check_targets(patch: Patch) -> None:
+    """Raise PatchError when a target does not exist or the replacement's signature does not fit it.
+
+    Run before any measurement (check_model_fits calls it), so a typo in a target or a wrongly declared
+    replacement is one precise line instead of a crashed arm.
+    """
+    for target in patch.targets:
+        _, _, objects = _resolve(target)
+        original = objects[-1]
+        if isinstance(original, type):
+            # A class target's replacement is a subclass; its forward is what the model calls instead.
+            replaced, replacement, what = original.forward, getattr(patch.replacement, "forward", None), "forward of "
+            if replacement is None or replacement is replaced:
+                continue
+        else:
+            replaced, replacement, what = original, patch.replacement, ""
+        problem = signature_mismatch(replaced, replacement)
+        if problem:
+            raise PatchError(f"patch '{patch.name}': the {what}replacement does not match the signature of "
+                             f"{target}: {problem}")
+
+
 def check_model_fits(patch: Patch, architecture: str, attn_implementation: str | None) -> None:
-    """Raise PatchError when the patch does not apply to this architecture or attention implementation."""
+    """Raise PatchError when the patch does not apply to this architecture or attention implementation, or when
+    a target does not exist or its replacement's signature does not fit (check_targets)."""
     if patch.architectures and architecture not in patch.architectures:
         # Name what the patch replaces, so the user sees why another family's model (its own modeling code,
         # its own classes) never reaches it.
@@ -246,6 +580,7 @@ def check_model_fits(patch: Patch, architecture: str, attn_implementation: str |
             f"patch '{patch.name}' needs attn_implementation='{patch.attn_implementation}', "
             f"the model uses '{attn_implementation}' (which never calls the replaced function)"
         )
+    check_targets(patch)
 
 
 def apply_patch(patch: Patch, model: torch.nn.Module | None = None, *, passthrough: bool = False) -> AppliedPatch:

@@ -27,11 +27,13 @@ BUILTIN_PATCHES = {
     "fastsoftmax": "e2eprof.kernels.fastsoftmax.patch:PATCH",
     "fastgelu": "e2eprof.kernels.fastgelu.patch:PATCH",
     "fastlayernorm": "e2eprof.kernels.fastlayernorm.patch:PATCH",
+    "fusedsoftmax": "e2eprof.kernels.fusedsoftmax.patch:PATCH",
     "planted-slowdown": "e2eprof.kernels.planted_slowdown.patch:PATCH",
     "rmsnorm": "e2eprof.kernels.rmsnorm.patch:PATCH",
     "swiglu": "e2eprof.kernels.swiglu.patch:PATCH",
 }
 ENTRY_POINT_GROUP = "e2eprof.patches"
+NATIVE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp")
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,10 @@ def known_patch_names() -> list[str]:
 def source_hash(patch: Patch) -> str:
     """sha256 over the patch's source files, so a report names exactly which kernel code was measured."""
     digest = hashlib.sha256()
-    for path in patch.source_files():
+    # Native sources beside the Python files (a .cu kernel that a patch compiles with load_inline) are kernel
+    # code too: editing one must change the hash.
+    native = {p for f in patch.source_files() for suffix in NATIVE_SUFFIXES for p in f.parent.glob("*" + suffix)}
+    for path in sorted(set(patch.source_files()) | native):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()

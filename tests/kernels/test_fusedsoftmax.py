@@ -329,8 +329,6 @@ def test_patch_train_mode_with_dropout_matches_stock(model, input_ids):
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
 
 
-@pytest.mark.xfail(strict=True, reason="e2eprof/patching.py compares only single-tensor outputs; "
-                                       "eager_attention_forward returns (attn_output, attn_weights)")
 def test_patch_verify_mode_passes(model, input_ids):
     applied = apply_patch(PATCH, model)
     try:

@@ -268,7 +268,9 @@ def test_patch_on_llama_tiny(llama, patch_impl, monkeypatch):
         logits, grads = _train_outputs(llama, ids)
         applied.set_verify(False)
         assert applied.calls == 5  # every norm, once per forward
-        assert IMPL_CALLS[f"{patch_impl}.fwd"] - before[f"{patch_impl}.fwd"] == 5
+        # Verify mode runs the replacement three times per model call: the call itself, a repeat on copies of its
+        # inputs (determinism) and one on refilled inputs (no caching by address); only the first is differentiated.
+        assert IMPL_CALLS[f"{patch_impl}.fwd"] - before[f"{patch_impl}.fwd"] == 3 * 5
         assert IMPL_CALLS[f"{patch_impl}.bwd"] - before[f"{patch_impl}.bwd"] == 5
         checks = applied.checks()
         assert checks and all(c.passed for c in checks), checks  # each call against stock and the fp64 reference
