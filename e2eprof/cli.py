@@ -1,14 +1,16 @@
 """Command line: parse options, build a config, call the library. Errors become one line and an exit code.
 
 Exit codes: 0 PASS, 1 FAIL, 3 INCONCLUSIVE (worst over workloads), 2 bad usage, 4 the run itself failed,
-130 interrupted. `diff`: 0 nothing got worse, 1 something got significantly worse, 2 bad usage.
+130 interrupted (143 on SIGTERM). `diff`: 0 nothing got worse, 1 something got significantly worse, 2 bad usage.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -31,17 +33,33 @@ def _split(values: list[str] | None) -> tuple[str, ...] | None:
     return tuple(part.strip() for value in values for part in value.split(",") if part.strip())
 
 
+def _values(option: str, value: str | None, kind: type = str):
+    """'1,8,32' -> (1, 8, 32) for a sweep; one value stays one value; None (not given) stays None."""
+    if value is None:
+        return None
+    from e2eprof.errors import UsageError
+
+    parts = [part.strip() for part in value.split(",")]
+    if not all(parts):
+        raise UsageError(f"{option}: empty value in '{value}'; give a comma-separated list such as 1,8,32")
+    try:
+        values = tuple(kind(part) for part in parts)
+    except ValueError:
+        raise UsageError(f"{option}: '{value}' is not a comma-separated list of integers") from None
+    return values[0] if len(values) == 1 else values
+
+
 @app.command()
 def compare(
     model: Annotated[str, typer.Option(help="Preset (gpt2, gpt2-medium, gpt2-tiny) or a local Hugging Face folder.")] = "gpt2",
     patch: Annotated[str, typer.Option(help="Patch: built-in name, file.py[:NAME] or package.module:NAME.")] = "fastsoftmax",
     workload: Annotated[Optional[list[str]], typer.Option(help="train, infer, generate (repeat or comma-separate; default all).")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    batch: Annotated[Optional[int], typer.Option(help="Batch size (default: 8 on GPU, 2 on CPU).")] = None,
-    seq: Annotated[Optional[int], typer.Option(help="Sequence length (default: 1024 on GPU, 128 on CPU).")] = None,
+    batch: Annotated[Optional[str], typer.Option(help="Batch size, or a list such as 1,8,32 to sweep (default: 8 on GPU, 1 on CPU).")] = None,
+    seq: Annotated[Optional[str], typer.Option(help="Sequence length, or a list such as 128,512 to sweep (default: 1024 on GPU, 64 on CPU).")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Timed warm steps per arm and workload.")] = None,
     block_steps: Annotated[Optional[int], typer.Option(help="Steps per interleaved block.")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="Autocast dtype: bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU).")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="Autocast dtype: bf16, fp16 or fp32, or a list to sweep (default: bf16 on GPU, fp32 on CPU).")] = None,
     new_tokens: Annotated[Optional[int], typer.Option(help="Tokens to generate in the generate workload.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for weights and batches.")] = 0,
     reference: Annotated[Optional[list[str]], typer.Option(help="Stock reference arms: sdpa, compile, or none (default: sdpa,compile on GPU, sdpa on CPU).")] = None,
@@ -52,14 +70,23 @@ def compare(
     aa: Annotated[bool, typer.Option("--aa", help="A/A calibration: time the baseline against a second identical baseline; must show no difference.")] = False,
     out: Annotated[Optional[Path], typer.Option(help="Report directory (default reports/<UTC time>-<model>-<patch>/).")] = None,
     force: Annotated[bool, typer.Option(help="Overwrite an existing report directory.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run in --out (not supported yet: says what that run completed).")] = False,
     profile: Annotated[bool, typer.Option(help="Per-op profiling phase after timing.")] = True,
     trace: Annotated[bool, typer.Option(help="Also write a gzipped Chrome trace per arm and workload (size-capped).")] = False,
+    find_max_batch: Annotated[bool, typer.Option("--find-max-batch", help="Instead of timing: the largest batch each arm runs (one train and infer step) without running out of memory, per --seq and --dtype.")] = False,
+    max_batch: Annotated[int, typer.Option(help="Largest batch --find-max-batch tries.")] = 1024,
 ) -> int:
     """Time baseline, patched and stock-reference arms of a model's real loops; check correctness; sign off."""
+    if resume:
+        from e2eprof.runner import refuse_resume
+
+        refuse_resume(out)
     references = _split(reference)
     config = _config(
         policy, model=model, patch=patch, workloads=_split(workload) or ("train", "infer", "generate"), device=device,
-        batch=batch, seq=seq, steps=steps, block_steps=block_steps, precision=dtype, new_tokens=new_tokens, seed=seed,
+        batch=_values("--batch", batch, int), seq=_values("--seq", seq, int), steps=steps, block_steps=block_steps,
+        precision=_values("--dtype", dtype), new_tokens=new_tokens, seed=seed, find_max_batch=find_max_batch,
+        max_batch=max_batch,
         reference_arms=() if references == ("none",) else references, min_speedup=min_speedup,
         budget_seconds=budget, target_half_width=target_ci, aa=aa,
         out=out, force=force, profile=profile, trace=trace,
@@ -104,14 +131,38 @@ def _config(policy: Path | None, **options):
                          command_line=shlex.join(["e2eprof", *sys.argv[1:]]))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so the run stops through the same path as Ctrl-C."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
 def _run(config) -> int:
     from e2eprof.console import ConsoleEvents, print_summary
     from e2eprof.runner import compare as run_compare
 
     events = ConsoleEvents(err_console)
+    if config.find_max_batch:
+        from e2eprof.maxbatch import find_max_batch, print_max_batch
+
+        result = find_max_batch(config, events=events)
+        events.close()
+        print_max_batch(out_console, result)
+        return 0
+    # SIGTERM (a CI timeout, a job scheduler) stops the run like Ctrl-C: tables flushed, run marked interrupted.
+    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() else None
     try:
         report = run_compare(config, events=events)
+    except KeyboardInterrupt as exc:
+        # Handled here, not left to main(): typer turns an escaping KeyboardInterrupt into a bare exit code 130.
+        events.close()
+        _error_line("e2eprof: interrupted; tables written so far are kept, the run is marked interrupted")
+        return 143 if isinstance(exc, Terminated) else 130  # the shell's 128 + signal number
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         events.close()
     print_summary(out_console, report.summary, report.verdicts, report.run_dir)
     return report.exit_code

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from e2eprof.errors import UsageError
+from e2eprof.sweep import SweepPoint, as_tuple, grid
 
 WORKLOAD_NAMES = ("train", "infer", "generate")
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -33,19 +34,24 @@ class DeviceDefaults:
     max_warmup_steps: int
     reference_arms: tuple[str, ...]
     budget_seconds: float
+    profile_warmup: int
+    profile_steps: int
 
     @staticmethod
     def for_device(device: str) -> "DeviceDefaults":
         if device.startswith("cuda"):
             # torch.compile is the strongest stock path on a GPU; on a CPU its compile alone takes minutes.
             return DeviceDefaults(batch=8, seq=1024, steps=40, block_steps=5, new_tokens=32, precision="bf16",
-                                  max_warmup_steps=50, reference_arms=("sdpa", "compile"), budget_seconds=60.0)
+                                  max_warmup_steps=50, reference_arms=("sdpa", "compile"), budget_seconds=60.0,
+                                  profile_warmup=2, profile_steps=3)
         # CPU step times are noisy (2-core laptops, shared CI): windows rarely agree within 2%, so cap warm-up low,
         # and spend no extra time chasing a 1% interval that a CPU will not give in minutes.
         # GPT-2's 50k-token LM head makes a CPU train step cost ~0.2 s per 32 tokens on two cores: one 64-token
         # sequence keeps the whole default job in a few minutes.
         return DeviceDefaults(batch=1, seq=64, steps=6, block_steps=2, new_tokens=8, precision="fp32",
-                              max_warmup_steps=6, reference_arms=("sdpa",), budget_seconds=0.0)
+                              max_warmup_steps=6, reference_arms=("sdpa",), budget_seconds=0.0,
+                              # The CPU profiler records every op with shapes: a gpt2 train step costs ~3x under it.
+                              profile_warmup=1, profile_steps=2)
 
 
 @dataclass(frozen=True)
@@ -56,11 +62,12 @@ class CompareConfig:
     patch: str
     workloads: tuple[str, ...] = WORKLOAD_NAMES
     device: str = "auto"
-    batch: int | None = None
-    seq: int | None = None
+    # batch, seq and precision take one value or a list: a list of any of them makes a sweep over their grid
+    batch: int | tuple[int, ...] | None = None
+    seq: int | tuple[int, ...] | None = None
     steps: int | None = None  # timed warm steps per arm and workload
     block_steps: int | None = None  # steps per interleaved block
-    precision: str | None = None
+    precision: str | tuple[str, ...] | None = None
     new_tokens: int | None = None
     seed: int = 0
     reference_arms: tuple[str, ...] | None = None  # stock arms to compare with (default by device)
@@ -78,9 +85,11 @@ class CompareConfig:
     max_warmup_seconds: float = 60.0  # and on warm-up time per arm and workload
     warmup_tolerance: float = 0.02  # warm-up ends when consecutive window medians differ by less than this
     profile: bool = True  # per-op profiling phase after timing
-    profile_warmup: int = 2
-    profile_steps: int = 3
+    profile_warmup: int | None = None  # default by device
+    profile_steps: int | None = None
     trace: bool = False  # also export gzipped Chrome traces (size-capped)
+    find_max_batch: bool = False  # instead of timing: the largest batch each arm runs without running out of memory
+    max_batch: int = 1024  # where that search stops
     out: Path | None = None
     force: bool = False
     command_line: str = ""
@@ -105,20 +114,25 @@ class CompareConfig:
         object.__setattr__(self, "device", device)
         defaults = DeviceDefaults.for_device(device)
         for name in ("batch", "seq", "steps", "block_steps", "new_tokens", "precision", "max_warmup_steps",
-                     "reference_arms", "budget_seconds"):
+                     "reference_arms", "budget_seconds", "profile_warmup", "profile_steps"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, getattr(defaults, name))
-        for name, low in (("batch", 1), ("seq", 2), ("steps", 2), ("block_steps", 1), ("new_tokens", 2), ("max_warmup_steps", 0),
+        for name, low in (("batch", 1), ("seq", 2)):
+            object.__setattr__(self, name, _one_or_tuple(name, [_checked_int(name, v, low) for v in as_tuple(getattr(self, name))]))
+        for name, low in (("steps", 2), ("block_steps", 1), ("new_tokens", 2), ("max_warmup_steps", 0),
                           ("profile_warmup", 0), ("profile_steps", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise UsageError(f"--{name.replace('_', '-')}: must be an integer >= {low}, got {value!r}")
         if self.block_steps > self.steps:
             raise UsageError(f"--block-steps: {self.block_steps} is more than --steps {self.steps}")
-        if self.precision not in PRECISIONS:
-            raise UsageError(f"--dtype: unknown dtype '{self.precision}'{suggest(self.precision, PRECISIONS)}; known: {', '.join(PRECISIONS)}")
-        if not device.startswith("cuda") and self.precision == "fp16":
-            raise UsageError("--dtype: fp16 autocast needs a CUDA device; use fp32 or bf16 on the CPU")
+        for precision in as_tuple(self.precision):
+            if precision not in PRECISIONS:
+                raise UsageError(f"--dtype: unknown dtype '{precision}'{suggest(str(precision), PRECISIONS)}; known: {', '.join(PRECISIONS)}")
+            if not device.startswith("cuda") and precision == "fp16":
+                raise UsageError("--dtype: fp16 autocast needs a CUDA device; use fp32 or bf16 on the CPU")
+        object.__setattr__(self, "precision", _one_or_tuple("dtype", as_tuple(self.precision)))
+        _checked_int("max_batch", self.max_batch, 1)
         if not 0.5 < self.confidence < 1:
             raise UsageError(f"--confidence: must be between 0.5 and 1, got {self.confidence}")
         if not -0.5 < self.min_speedup < 1:
@@ -145,6 +159,19 @@ class CompareConfig:
             raise UsageError(f"max_blocks: must be an integer >= the {self.n_blocks} blocks --steps asks for, got {self.max_blocks!r}")
 
     @property
+    def points(self) -> tuple[SweepPoint, ...]:
+        """The (batch, seq, precision) points of this run: one, or the grid of a sweep."""
+        return grid(as_tuple(self.batch), as_tuple(self.seq), as_tuple(self.precision))
+
+    @property
+    def is_sweep(self) -> bool:
+        return len(self.points) > 1
+
+    def at(self, point: SweepPoint) -> "CompareConfig":
+        """This run's settings at one point of its sweep: batch, seq and precision single values."""
+        return dataclasses.replace(self, batch=point.batch, seq=point.seq, precision=point.precision)
+
+    @property
     def n_blocks(self) -> int:
         """Timed blocks per arm: steps rounded up to whole blocks."""
         return -(-self.steps // self.block_steps)
@@ -156,6 +183,22 @@ class CompareConfig:
         record["workloads"] = list(self.workloads)
         record["reference_arms"] = list(self.reference_arms)
         return record
+
+
+def _checked_int(name: str, value, low: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise UsageError(f"--{name.replace('_', '-')}: must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _one_or_tuple(name: str, values) -> object:
+    """A single value stays a value (the common, non-sweep case); several become a tuple, each at most once."""
+    values = tuple(values)
+    if not values:
+        raise UsageError(f"--{name}: give at least one value")
+    if len(set(values)) != len(values):
+        raise UsageError(f"--{name}: each value at most once, got {', '.join(map(str, values))}")
+    return values[0] if len(values) == 1 else values
 
 
 REFERENCE_ARMS = ("sdpa", "compile")

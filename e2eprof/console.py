@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from e2eprof.sweep import OUT_OF_MEMORY as OUT_OF_MEMORY_REASON
+
 VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
 
 
@@ -23,8 +25,12 @@ class ConsoleEvents:
     def __call__(self, kind: str, **info) -> None:
         if kind == "start":
             c = info["config"]
-            self.console.print(f"e2eprof compare: model={c.model} patch={c.patch} device={c.device} batch={c.batch} "
-                               f"seq={c.seq} dtype={c.precision} steps={c.steps} -> {info['run_dir']}")
+            self.console.print(f"e2eprof compare: model={c.model} patch={c.patch} device={c.device} batch={_listed(c.batch)} "
+                               f"seq={_listed(c.seq)} dtype={_listed(c.precision)} steps={c.steps} -> {info['run_dir']}",
+                               highlight=False)
+        elif kind == "point":
+            self._stop_bar()
+            self.console.print(f"[bold]point {info['index'] + 1}/{info['total']}: {info['point'].id}[/bold]")
         elif kind == "phase":
             self._stop_bar()
             detail = f" ({info['detail']})" if info.get("detail") else ""
@@ -53,6 +59,10 @@ class ConsoleEvents:
 
     def close(self) -> None:
         self._stop_bar()
+
+
+def _listed(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 def _fmt(value, spec: str = ".2f") -> str:
@@ -101,7 +111,10 @@ def _beats_line(candidate: pd.Series, references: list[str]) -> str | None:
 
 
 def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir) -> None:
-    """One table per workload, then the verdicts and where the report lives."""
+    """One table per workload (a grid of points x workloads for a sweep), then the verdicts and where the report lives."""
+    if "point" in summary and summary["point"].nunique() > 1:
+        print_sweep(console, summary, verdicts, run_dir)
+        return
     for workload, rows in summary.groupby("workload", sort=False):
         references = _reference_arms(rows)
         candidate_rows = rows[rows.verdict.notna()] if "verdict" in rows else rows.iloc[0:0]
@@ -141,9 +154,77 @@ def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_d
             if "idle_share" in rows:
                 console.print("  GPU idle share: " + ", ".join(f"{a.arm} {a.idle_share:.2f}" for a in rows.itertuples()
                                                             if not pd.isna(getattr(a, "idle_share", math.nan))))
+        _print_memory(console, rows)
         _print_top_changes(console, run_dir, workload)
         verdict = verdicts.get(workload)
         if verdict is not None:
             console.print(f"  verdict: [{VERDICT_STYLE[verdict.verdict]}]{verdict.verdict}[/] ({', '.join(verdict.reasons)})"
                           + (f" — {verdict.advice}" if verdict.advice else ""))
+    console.print(f"report: {run_dir}")
+
+
+def _print_memory(console: Console, rows: pd.DataFrame) -> None:
+    """Peak memory of the timed steps per arm: device allocated/reserved where there is a device, host RSS always."""
+    if "host_peak_rss_mb" not in rows or not rows["host_peak_rss_mb"].notna().any():
+        return
+    parts = []
+    for r in rows.itertuples():
+        device = (f"{r.peak_alloc_mb:.0f}/{r.peak_reserved_mb:.0f} MB device (alloc/reserved), "
+                  if not pd.isna(getattr(r, "peak_alloc_mb", math.nan)) else "")
+        parts.append(f"{r.arm} {device}{_fmt(r.host_peak_rss_mb, '.0f')} MB host")
+    console.print("  peak memory: " + "; ".join(parts))
+
+
+def _cell(row: pd.Series | None) -> str:
+    if row is None:
+        return "-"
+    verdict = row.get("verdict")
+    style = VERDICT_STYLE.get(verdict, "")
+    reasons = row.get("reasons") or ""
+    shown = f"[{style}]{verdict}[/]" if style else str(verdict)
+    if OUT_OF_MEMORY_REASON in str(reasons):
+        return f"out of memory {shown}"
+    return f"{_interval(row.get('speedup_vs_baseline'), row.get('ci_low'), row.get('ci_high'))} {shown}"
+
+
+def print_sweep(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir) -> None:
+    """A grid of point x workload -> speedup [CI] verdict, where the kernel wins and loses, memory, the overall verdict."""
+    judged = summary[summary["verdict"].notna()]
+    points = list(dict.fromkeys(summary["point"]))
+    workloads = list(dict.fromkeys(summary["workload"]))
+    name = judged["arm"].iloc[0] if len(judged) else "patched"
+    table = Table(title=f"{name} vs baseline per point", title_justify="left")
+    table.add_column("point", justify="left")
+    for workload in workloads:
+        table.add_column(workload, justify="right")
+    for point in points:
+        cells = []
+        for workload in workloads:
+            found = judged[(judged["point"] == point) & (judged["workload"] == workload)]
+            cells.append(_cell(found.iloc[0] if len(found) else None))
+        table.add_row(point, *cells)
+    console.print(table)
+    for workload in workloads:
+        mine = judged[(judged["workload"] == workload) & judged["ci_low"].notna()] if "ci_low" in judged else judged.iloc[0:0]
+        faster = list(mine[mine["ci_low"] > 1]["point"])
+        slower = list(mine[mine["ci_high"] < 1]["point"])
+        if faster and slower:
+            console.print(f"  {workload}: {name} WINS at {', '.join(faster)} but LOSES at {', '.join(slower)}: "
+                          "the speedup depends on the shape; it is not one number")
+    if "host_peak_rss_mb" in summary:
+        console.print("peak memory during timing (MB; device alloc/reserved, host RSS):")
+        for point in points:
+            at = summary[(summary["point"] == point) & summary["host_peak_rss_mb"].notna()]
+            per_arm = at.groupby("arm", sort=False)[["peak_alloc_mb", "peak_reserved_mb", "host_peak_rss_mb"]].max()
+            parts = [f"{arm} {_fmt(r.peak_alloc_mb, '.0f')}/{_fmt(r.peak_reserved_mb, '.0f')}, host {_fmt(r.host_peak_rss_mb, '.0f')}"
+                     for arm, r in per_arm.iterrows()]
+            if parts:
+                console.print(f"  {point}: " + "; ".join(parts))
+    overall = [v.verdict for v in verdicts.values()]
+    if overall:
+        from e2eprof.verdict import worst
+
+        verdict = worst(overall)
+        counts = ", ".join(f"{overall.count(v)} {v}" for v in ("PASS", "INCONCLUSIVE", "FAIL") if overall.count(v))
+        console.print(f"overall: [{VERDICT_STYLE[verdict]}]{verdict}[/] (worst of {len(overall)} point/workload verdicts: {counts})")
     console.print(f"report: {run_dir}")

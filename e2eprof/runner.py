@@ -8,6 +8,7 @@ alternating order (A B C, C B A, ...) so drift and heating do not favour one arm
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import shutil
 import tempfile
@@ -26,9 +27,10 @@ from e2eprof.config import AA_ARM, CompareConfig, default_out_dir
 from e2eprof.correctness import compare_captures, op_check_rows
 from e2eprof.env import capture_environment
 from e2eprof.errors import RunError, UsageError
-from e2eprof.patching import check_model_fits
+from e2eprof.patching import call_check_rows, check_model_fits
 from e2eprof.registry import load_patch
-from e2eprof.summary import summarize
+from e2eprof.summary import attach_memory, summarize
+from e2eprof.sweep import SweepPoint, by_point, is_oom, oom_row, stamp
 from e2eprof.verdict import EXIT_CODES, Verdict, worst
 from e2eprof.worker import ArmSpec, WorkerSetup, scratch_path
 from e2eprof.workloads.loops import check_workloads
@@ -43,7 +45,10 @@ def _quiet(kind: str, **info) -> None:
 
 @dataclass
 class Report:
-    """What `compare` returns: where the tables are, the per-workload verdicts, and the exit code."""
+    """What `compare` returns: where the tables are, the per-workload verdicts, and the exit code.
+
+    `verdicts` is keyed by workload; in a sweep by "<point>/<workload>" (e.g. "b8-s1024-bf16/train").
+    """
 
     run_dir: Path
     run_id: str
@@ -65,11 +70,37 @@ def prepare_out_dir(config: CompareConfig) -> Path:
         raise UsageError(f"--out: {out} exists and is not a directory")
     if out.exists() and any(out.iterdir()):
         if not config.force:
-            raise UsageError(f"--out: {out} already holds a report; use --force to overwrite it")
+            raise UsageError(f"--out: {out} already holds a report ({run_progress(out)}); use --force to overwrite it")
         for old in out.glob("*.parquet"):
             old.unlink()
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def run_progress(out: Path) -> str:
+    """'run abc123 interrupted; timed: train; not timed: infer' for a report directory, read from its tables."""
+    try:
+        run = reports.read_table(out, "run").iloc[0]
+    except Exception:  # no run.parquet, or not ours: say so rather than fail on it
+        return "no readable run.parquet"
+    workloads = list(json.loads(run.config_json).get("workloads", [])) if isinstance(run.config_json, str) else []
+    try:
+        phases = reports.read_table(out, "phases")
+        timed = [w for w in workloads if ((phases.workload == w) & (phases.phase == "timing")).any()]
+    except Exception:
+        timed = []
+    text = f"run {run.run_id} {run.status}"
+    if workloads:
+        text += f"; timed: {', '.join(timed) or 'none'}; not timed: {', '.join(w for w in workloads if w not in timed) or 'none'}"
+    return text
+
+
+def refuse_resume(out: Path | None) -> None:
+    """--resume is not implemented yet: refuse, naming what the earlier run completed (exit 2)."""
+    if out is None or not (Path(out) / "run.parquet").exists():
+        raise UsageError("--resume needs --out pointing at an earlier run's report directory")
+    raise UsageError(f"--resume: continuing a run is not supported yet; {out} holds {run_progress(Path(out))}. "
+                     f"Rerun with --force to start over")
 
 
 class _RunState:
@@ -82,9 +113,31 @@ class _RunState:
         self.steps: list[dict] = []
         self.correctness: list[dict] = []
         self.arm_failures: dict[str, ArmFailed] = {}
-        self.profiles: dict[tuple[str, str], dict] = {}  # (workload, arm) -> ProfileResult.to_dict()
+        self.profiles: dict[tuple[SweepPoint, str, str], dict] = {}  # (point, workload, arm) -> ProfileResult.to_dict()
         self.phases: list[dict] = []  # where the run's own wall time went (issue: timing should dominate)
-        self.timing: dict[str, dict] = {}  # workload -> blocks run, why timing stopped, seconds
+        self.timing: dict[tuple[str, str], dict] = {}  # (point id, workload) -> blocks run, why timing stopped, seconds
+        self.memory: list[dict] = []  # peak device/host memory per (point, workload, arm, phase)
+        # Workers are started afresh at every point, so arm_failures is per point; the past points' are kept here.
+        self.point: SweepPoint | None = None
+        self.failed_by_point: dict[str, set[str]] = {}
+        self.out_of_memory: set[tuple[str, str]] = set()  # (arm, workload) that ran out of memory at this point
+        self._stamped = {"steps": 0, "correctness": 0, "phases": 0, "memory": 0}
+
+    def begin_point(self, point: SweepPoint) -> None:
+        self.point = point
+        self.arm_failures = {}
+        self.out_of_memory = set()
+
+    def end_point(self) -> None:
+        """Stamp this point's rows and keep which arms failed for real (running out of memory is not a failure)."""
+        self._stamp()
+        self.failed_by_point[self.point.id] = {a for a, f in self.arm_failures.items() if not is_oom(f)}
+
+    def _stamp(self) -> None:
+        """Every row recorded since the last stamp was measured at the current point: give it the identity columns."""
+        if self.point is not None:
+            for name in self._stamped:
+                self._stamped[name] = stamp(getattr(self, name), self.point, self._stamped[name])
 
     @contextmanager
     def phase(self, events: Events, workload: str, name: str, detail: str = "") -> Iterator[None]:
@@ -107,6 +160,7 @@ class _RunState:
         return telemetry.join_steps(steps, samples)
 
     def flush(self) -> None:
+        self._stamp()
         run_id = self.run_row["run_id"]
         self.run_row["telemetry_json"] = reports.to_json(self.sampler.info())
         steps = self.steps_frame()
@@ -114,17 +168,24 @@ class _RunState:
         if self.sampler.available and len(steps):
             samples = self.sampler.frame()
             reports.write_table(self.out_dir, "telemetry", samples.assign(run_id=run_id))
-            reports.write_table(self.out_dir, "blocks", telemetry.block_energy(steps, samples).assign(run_id=run_id))
+            reports.write_table(self.out_dir, "blocks", by_point(steps, lambda s: telemetry.block_energy(s, samples)).assign(run_id=run_id))
         reports.write_table(self.out_dir, "correctness", [r | {"run_id": run_id} for r in self.correctness])
         if self.phases:
             reports.write_table(self.out_dir, "phases", [r | {"run_id": run_id} for r in self.phases])
+        if self.memory:
+            reports.write_table(self.out_dir, "memory", [r | {"run_id": run_id} for r in self.memory])
         if self.profiles:
-            reports.write_table(self.out_dir, "ops", pd.concat(
-                [explain.ops_frame(r, workload=w, arm=a) for (w, a), r in self.profiles.items()], ignore_index=True
-            ).assign(run_id=run_id))
+            reports.write_table(self.out_dir, "ops", self.ops_frame().assign(run_id=run_id))
             reports.write_table(self.out_dir, "kernels", [
-                k | {"workload": w, "arm": a, "run_id": run_id} for (w, a), r in self.profiles.items() for k in r["kernels"]])
+                k | {"workload": w, "arm": a, "run_id": run_id, **p.columns()}
+                for (p, w, a), r in self.profiles.items() for k in r["kernels"]])
         reports.write_table(self.out_dir, "run", [self.run_row])
+
+
+    def ops_frame(self) -> pd.DataFrame:
+        """Every profiled (point, workload, arm)'s ops, with the point's identity columns."""
+        return pd.concat([explain.ops_frame(r, workload=w, arm=a).assign(**p.columns())
+                          for (p, w, a), r in self.profiles.items()], ignore_index=True)
 
 
 def _arms(config: CompareConfig, attn: str) -> list[ArmSpec]:
@@ -143,16 +204,19 @@ def _arms(config: CompareConfig, attn: str) -> list[ArmSpec]:
 
 def compare(config: CompareConfig, events: Events = _quiet) -> Report:
     """Run one comparison (see module docstring) and return its Report. Raises UsageError before measuring."""
+    if config.find_max_batch:
+        raise UsageError("find_max_batch: this searches batch sizes instead of comparing; call e2eprof.maxbatch.find_max_batch")
     try:
         source = resolve_model(config.model)
     except ModelLoadError as exc:
         raise UsageError(f"--model: {exc}") from None
     try:
-        check_workloads(source, config.workloads, config.seq)  # e.g. generate on an encoder, --seq past positions
+        for seq in sorted({p.seq for p in config.points}):  # e.g. generate on an encoder, --seq past positions
+            check_workloads(source, config.workloads, seq)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     loaded = load_patch(config.patch)
-    attn = loaded.patch.attn_implementation or "eager"
+    attn = loaded.patch.model_attention
     check_model_fits(loaded.patch, source.architecture, attn)
     out_dir = prepare_out_dir(config)
     events("start", config=config, run_dir=out_dir)
@@ -177,31 +241,22 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
     state.flush()
     arms = _arms(config, attn)
     scratch = Path(tempfile.mkdtemp(prefix="e2eprof-scratch-"))
-    processes: dict[str, ArmProcess] = {}
+    run_row["points_json"] = reports.to_json([p.columns() for p in config.points])
     try:
-        with state.phase(events, "*", "start workers and build models", ", ".join(a.name for a in arms)):
-            for arm in arms:
-                processes[arm.name] = ArmProcess(WorkerSetup(
-                    arm=arm, model=config.model, patch_spec=config.patch, device=config.device,
-                    precision=config.precision, seed=config.seed, batch=config.batch, seq=config.seq,
-                    new_tokens=config.new_tokens, scratch_dir=str(scratch)))
-            builds = _broadcast(processes, state, "build")
-        if "baseline" not in builds:
-            raise RunError(f"the baseline arm could not start: {state.arm_failures['baseline']}")
-        run_row["model_json"] = reports.to_json(builds["baseline"]["model"])
-        run_row["batch_digest"] = builds["baseline"].get("batch_digest")
-        run_row["sites_json"] = reports.to_json(builds.get("patched", {}).get("sites"))
-        events("built", builds=builds)
-        for workload in config.workloads:
-            _run_workload(config, workload, processes, state, loaded.patch, scratch, events)
-            state.flush()
+        for index, point in enumerate(config.points):
+            if config.is_sweep:
+                events("point", point=point, index=index, total=len(config.points))
+            _run_point(config.at(point), point, arms, state, loaded.patch, scratch, events)
         sampler.stop()
-        balance = (telemetry.arm_balance(state.steps_frame(), clock_tolerance=config.clock_tolerance,
-                                         temp_tolerance_c=config.temp_tolerance_c) if sampler.available else [])
+        balance = (by_point(state.steps_frame(), lambda steps: telemetry.arm_balance(
+            steps, clock_tolerance=config.clock_tolerance, temp_tolerance_c=config.temp_tolerance_c)).to_dict("records")
+            if sampler.available else [])
         if balance:
             reports.write_table(out_dir, "balance", [r | {"run_id": run_id} for r in balance])
-        summary, verdicts = summarize(state.steps, state.correctness, config, set(state.arm_failures), balance, state.timing)
+        summary, verdicts = summarize(state.steps, state.correctness, config, state.failed_by_point, balance, state.timing)
         _explain_into(summary, state, run_id)
+        attach_memory(summary, state.memory)
+        run_row["verdict"] = worst([v.verdict for v in verdicts.values()])  # the run's: worst over (point, workload)
         reports.write_table(out_dir, "summary", [r | {"run_id": run_id} for r in summary])
         run_row["status"] = "complete"
     except KeyboardInterrupt:
@@ -215,31 +270,70 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
         sampler.stop()
         run_row["ended_unix_ns"] = time.time_ns()
         state.flush()
-        for process in processes.values():
-            process.close()
         shutil.rmtree(scratch, ignore_errors=True)
     overall = worst([v.verdict for v in verdicts.values()])
     return Report(out_dir, run_id, pd.DataFrame(summary), verdicts, overall)
+
+
+def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], state: _RunState, patch, scratch: Path,
+               events: Events) -> None:
+    """Every workload at one point, in fresh worker processes (config holds this point's batch, seq and precision).
+
+    Fresh workers per point, not one set reshaped between points: a process's peak RSS, its allocator's cached
+    blocks and torch.compile's shape specialisations (a recompile turns dynamic shapes on) would otherwise carry
+    from one point into the next, and an out-of-memory point could leave the next one a fragmented heap.
+    """
+    state.begin_point(point)
+    processes: dict[str, ArmProcess] = {}
+    try:
+        with state.phase(events, "*", "start workers and build models", ", ".join(a.name for a in arms)):
+            for arm in arms:
+                processes[arm.name] = ArmProcess(WorkerSetup(
+                    arm=arm, model=config.model, patch_spec=config.patch, device=config.device,
+                    precision=config.precision, seed=config.seed, batch=config.batch, seq=config.seq,
+                    new_tokens=config.new_tokens, scratch_dir=str(scratch)))
+            builds = _broadcast(processes, state, "build")
+        if "baseline" not in builds:
+            failure = state.arm_failures["baseline"]
+            if is_oom(failure):
+                return  # recorded; the summary says OUT_OF_MEMORY for this point and the sweep goes on
+            raise RunError(f"the baseline arm could not start: {failure}")
+        if state.run_row.get("model_json") is None:
+            state.run_row["model_json"] = reports.to_json(builds["baseline"]["model"])
+            state.run_row["batch_digest"] = builds["baseline"].get("batch_digest")
+            state.run_row["sites_json"] = reports.to_json(builds.get("patched", {}).get("sites"))
+        events("built", builds=builds)
+        for workload in config.workloads:
+            _run_workload(config, workload, processes, state, patch, scratch, events)
+            state.flush()
+        for rows in _broadcast(processes, state, "memory_peaks").values():
+            state.memory += rows
+    finally:
+        for process in processes.values():
+            process.close()
+        state.end_point()
+        state.flush()
 
 
 def _explain_into(summary: list[dict], state: _RunState, run_id: str) -> None:
     """Op diff and Amdahl explanation per workload from the profiles; adds prediction columns to the summary."""
     if not state.profiles:
         return
-    ops = pd.concat([explain.ops_frame(r, workload=w, arm=a) for (w, a), r in state.profiles.items()], ignore_index=True)
-    reports.write_table(state.out_dir, "opdiff", explain.op_diff(ops).assign(run_id=run_id))
+    reports.write_table(state.out_dir, "opdiff", by_point(state.ops_frame(), explain.op_diff).assign(run_id=run_id))
+    points = {p.id: p for p, _, _ in state.profiles}
     rows = []
     for row in summary:
-        profile = state.profiles.get((row["workload"], row["arm"]))
+        point = points.get(row.get("point"))
+        profile = state.profiles.get((point, row["workload"], row["arm"]))
         if profile:
             row["profile_device_ms"] = profile["total_device_us"] / 1e3
             row["idle_share"] = profile["idle_share"]
             row["replaced_ms"] = profile["replaced_device_us"] / 1e3 if profile["device_type"] == "cuda" else profile["replaced_cpu_us"] / 1e3
-        base = state.profiles.get((row["workload"], "baseline"))
+        base = state.profiles.get((point, row["workload"], "baseline"))
         if row["arm"] != "patched" or not profile or not base:
             continue
         result = explain.explain(row["workload"], base, profile, row.get("speedup_vs_baseline", math.nan))
-        rows.append({"workload": row["workload"], **{k: v for k, v in result.items() if not isinstance(v, (list, dict))},
+        rows.append({**point.columns(), "workload": row["workload"], **{k: v for k, v in result.items() if not isinstance(v, (list, dict))},
                      "grown_ops": reports.to_json(result.get("grown_ops")), "run_id": run_id})
         row.update(replaced_share=result["f"], replaced_speedup=result["s"], predicted_speedup=result["predicted"],
                    amdahl_bound=result["bound"], cause=result["cause"], cause_detail=result["detail"])
@@ -268,6 +362,15 @@ def _broadcast(processes: dict[str, ArmProcess], state: _RunState, command: str,
 
 
 def _record_failure(state: _RunState, failure: ArmFailed, phase: str, workload: str = "*") -> None:
+    if is_oom(failure):
+        # Not a bug in the arm: this point is too large for it. Recorded, and the arm sits out this workload only
+        # (the worker has freed what the workload held); running out while building leaves it nothing to run.
+        state.correctness.append(oom_row(workload, failure.arm, phase, failure.message))
+        if workload != "*":
+            state.out_of_memory.add((failure.arm, workload))
+            return
+        state.arm_failures[failure.arm] = failure
+        return
     state.arm_failures[failure.arm] = failure
     state.correctness.append({"workload": workload, "arm": failure.arm, "tensor": "-", "metric": "arm_failed",
                               "value": math.nan, "tolerance": math.nan, "passed": False,
@@ -276,9 +379,9 @@ def _record_failure(state: _RunState, failure: ArmFailed, phase: str, workload: 
 
 def _call(processes, state, arm: str, command: str, args: dict | None = None):
     """One command to one arm; a failure is recorded (not raised) and the arm is left out from then on."""
-    if arm in state.arm_failures:
-        return None
     args = args or {}
+    if arm in state.arm_failures or (arm, args.get("workload")) in state.out_of_memory:
+        return None
     try:
         return processes[arm].call(command, **args)
     except ArmFailed as failure:
@@ -286,9 +389,17 @@ def _call(processes, state, arm: str, command: str, args: dict | None = None):
         return None
 
 
+# torch.compile over Hugging Face decoding with a dynamic KV cache recompiles for new lengths before it settles
+# (gpt2 on the H200: 65 s of compilation and 40 s of warm-up for a 32-token generate): that measures the compiler's
+# cache, not decoding. A fair compiled decoding arm needs a static cache, so the compile arm sits generate out.
+SITS_OUT = {("compile", "generate")}
+
+
 def _run_workload(config, workload, processes, state, patch, scratch, events) -> None:
-    live = lambda: [a for a in processes if a not in state.arm_failures]  # noqa: E731
+    live = lambda: [a for a in processes if a not in state.arm_failures and (a, workload) not in state.out_of_memory  # noqa: E731
+                    and (a, workload) not in SITS_OUT]
     before = {a: _call(processes, state, a, "counters") for a in live()}
+    first_step = len(state.steps)  # this workload's steps are state.steps[first_step:]
 
     with state.phase(events, workload, "cold step"):
         for arm in live():
@@ -308,6 +419,9 @@ def _run_workload(config, workload, processes, state, patch, scratch, events) ->
 
     after = {a: _call(processes, state, a, "counters") for a in live()}
     state.correctness += kernel_ran_rows(workload, before, after)
+    state.correctness += thread_rows(workload, state.steps[first_step:])
+    with state.phase(events, workload, "revalidation"):
+        _revalidate(config, workload, processes, state, patch, scratch)
     state.flush()
 
     if config.profile:
@@ -340,7 +454,7 @@ def _timed_blocks(config, workload, processes, state, events, live) -> None:
         if reason:
             break
         events("timing_extend", workload=workload, total=(block + 1) * len(live()))
-    state.timing[workload] = {"blocks": block, "stop_reason": reason, "timing_s": time.perf_counter() - started}
+    state.timing[(state.point.id, workload)] = {"blocks": block, "stop_reason": reason, "timing_s": time.perf_counter() - started}
 
 
 def _stop_reason(config, state, workload: str, blocks: int, elapsed: float) -> str | None:
@@ -350,7 +464,10 @@ def _stop_reason(config, state, workload: str, blocks: int, elapsed: float) -> s
     candidate = _candidate_arm(config)
     if candidate in state.arm_failures or "baseline" in state.arm_failures:
         return "arm failed"
-    warm = [s for s in state.steps if s["workload"] == workload and s["phase"] == "warm"]
+    if {(candidate, workload), ("baseline", workload)} & state.out_of_memory:
+        return "out of memory"
+    here = state.point.id  # rows of earlier points carry their own id; this point's may not be stamped yet
+    warm = [s for s in state.steps if s["workload"] == workload and s["phase"] == "warm" and s.get("point", here) == here]
     base = [(s["wall_ns"], s["block"]) for s in warm if s["arm"] == "baseline"]
     cand = [(s["wall_ns"], s["block"]) for s in warm if s["arm"] == candidate]
     if len(base) >= 2 and len(cand) >= 2:
@@ -382,8 +499,48 @@ def _correctness_gate(config, workload, processes, state, patch, scratch, live) 
         if result:
             captures[arm] = result["path"]
             state.correctness += op_check_rows(workload, arm, result["op_checks"])
+            if arm == "patched":
+                state.correctness += call_check_rows(workload, arm, result["op_checks"])
     if reference and "baseline" in captures:
         state.correctness += compare_captures(workload, reference["path"], captures, patch, config.precision)
+
+
+def _revalidate(config, workload, processes, state, patch, scratch) -> None:
+    """After timing, check the patched arm once more: a kernel right during the gate but wrong later fails here.
+
+    The same capture as the gate (pristine weights, the gate's batch, so the fp64 reference still applies), with
+    every call checked again, including with new contents at the same addresses. One row, metric "revalidation".
+    """
+    if "patched" not in processes or "patched" in state.arm_failures:
+        return
+    result = _call(processes, state, "patched", "capture", {
+        "workload": workload, "path": scratch_path(str(scratch), "patched", workload, "revalidate"), "verify": True})
+    if result is None:
+        return  # recorded as arm_failed
+    rows = op_check_rows(workload, "patched", result["op_checks"]) + call_check_rows(workload, "patched", result["op_checks"])
+    reference = Path(scratch_path(str(scratch), "fp64", workload, "reference"))
+    baseline = Path(scratch_path(str(scratch), "baseline", workload, "capture"))
+    if reference.exists() and baseline.exists():
+        rows += [r for r in compare_captures(workload, str(reference), {"baseline": str(baseline), "patched": result["path"]},
+                                             patch, config.precision) if r["arm"] == "patched"]
+    failed = [r for r in rows if not r["passed"]]
+    detail = "; ".join(f"{r['metric']} {r['tensor']}: {r['detail']}" for r in failed[:3]) if failed else \
+        f"{len(rows)} checks passed again after timing"
+    state.correctness.append({"workload": workload, "arm": "patched", "tensor": "-", "metric": "revalidation",
+                              "value": float(len(failed)), "tolerance": 0.0, "passed": not failed, "detail": detail})
+
+
+def thread_rows(workload: str, steps: list[dict]) -> list[dict]:
+    """Python threads a step left running (work done off the clock), patched arm against the baseline's own."""
+    left = {}
+    for step in steps:
+        left[step["arm"]] = left.get(step["arm"], 0) + max(step.get("threads_delta", 0), 0)
+    if "patched" not in left:
+        return []
+    stock = left.get("baseline", 0)
+    return [{"workload": workload, "arm": "patched", "tensor": "-", "metric": "step_threads_leaked",
+             "value": float(left["patched"]), "tolerance": float(stock), "passed": left["patched"] <= stock,
+             "detail": f"threads still running at the end of timed steps: patched {left['patched']}, baseline {stock}"}]
 
 
 def _profile_arms(config, workload, processes, state, patch, live) -> None:
@@ -396,7 +553,7 @@ def _profile_arms(config, workload, processes, state, patch, live) -> None:
                                                             "active": config.profile_steps, "trace_path": trace})
         if result is None:
             continue
-        state.profiles[(workload, arm)] = result["result"]
+        state.profiles[(state.point, workload, arm)] = result["result"]
         state.correctness.append({
             "workload": workload, "arm": arm, "tensor": "-", "metric": "profile_complete",
             "value": float(not result["problems"]), "tolerance": 1.0, "passed": not result["problems"],

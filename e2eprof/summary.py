@@ -1,9 +1,10 @@
-"""From raw step and correctness rows to summary rows per (workload, arm) and a verdict per workload.
+"""From raw step and correctness rows to summary rows per (point, workload, arm) and a verdict per (point, workload).
 
 Everything here is derived from what the run recorded (steps.parquet, correctness.parquet, balance rows), so a
 summary can always be rebuilt from a report directory. The candidate is the patched arm, or in an A/A run the
-second baseline. Workloads are tested together: their p-values are adjusted for multiple comparisons (Holm by
-default) before any verdict calls a difference significant.
+second baseline. Every (point, workload) of a run is one test: their p-values are adjusted together for multiple
+comparisons (Holm by default) before any verdict calls a difference significant. A point of a sweep is a (batch, seq,
+precision); rows without a `point` column (a run from before sweeps, synthetic tests) belong to the config's one point.
 """
 
 from __future__ import annotations
@@ -15,10 +16,23 @@ import pandas as pd
 
 from e2eprof import stats
 from e2eprof.config import AA_ARM, CompareConfig
-from e2eprof.verdict import Verdict, decide, decide_aa
+from e2eprof.sweep import OOM_METRIC, OUT_OF_MEMORY, SweepPoint
+from e2eprof.verdict import INCONCLUSIVE, Verdict, decide, decide_aa
 
 KERNEL_PROOF_METRICS = ("patched_calls", "custom_kernel_calls", "profile_complete")
 ADJUSTERS = {"holm": stats.holm, "bh": stats.benjamini_hochberg, "none": lambda p: [float(x) for x in p]}
+MEMORY_COLUMNS = ("peak_alloc_mb", "peak_reserved_mb", "host_peak_rss_mb")
+MEMORY_PHASE = "timing"  # the summary's memory columns: peaks over the timed steps (memory.parquet has every phase)
+
+
+def _at(frame: pd.DataFrame, point: SweepPoint) -> pd.DataFrame:
+    """The rows measured at one point."""
+    return frame[frame["point"] == point.id] if len(frame) and "point" in frame else frame
+
+
+def verdict_key(config: CompareConfig, point: SweepPoint, workload: str) -> str:
+    """The workload's name, or "<point>/<workload>" in a sweep."""
+    return f"{point.id}/{workload}" if config.is_sweep else workload
 
 
 def _balance_columns(balance: list[dict] | None, workload: str, arm: str) -> dict:
@@ -83,59 +97,102 @@ def _arm_checks_pass(checks: pd.DataFrame, workload: str, arm: str) -> bool:
     return bool(len(mine)) and bool(mine.passed.all())
 
 
-def summarize(steps: list[dict], correctness: list[dict], config: CompareConfig, failed_arms: set[str],
-              balance: list[dict] | None = None, timing: dict[str, dict] | None = None):
-    """Summary rows per (workload, arm) and a Verdict per workload, derived from the raw rows."""
-    frame = pd.DataFrame(steps)
-    checks = pd.DataFrame(correctness)
+def summarize(steps: list[dict], correctness: list[dict], config: CompareConfig,
+              failed_arms: set[str] | dict[str, set[str]], balance: list[dict] | None = None,
+              timing: dict | None = None):
+    """Summary rows per (point, workload, arm) and a Verdict per (point, workload), derived from the raw rows.
+
+    failed_arms: arms that failed (not by running out of memory), for the whole run or per point id. timing: per
+    (point id, workload), or per workload. Verdicts are keyed as verdict_key says.
+    """
+    all_steps = pd.DataFrame(steps)
+    all_checks = pd.DataFrame(correctness)
     candidate = AA_ARM if config.aa else "patched"
     rows: list[dict] = []
-    per_workload: dict[str, dict] = {}
-    for workload in config.workloads:
-        data = _Workload(frame, workload, config)
-        vs_base = {a: data.ratio_ci("baseline", a) for a in data.arms if a != "baseline"}
-        references = {ref: data.ratio_ci(ref, candidate) for ref in config.reference_arms if ref in data.arms}
-        for arm in data.arms:
-            ci = vs_base.get(arm)
-            row = data.row(arm) | {
-                "speedup_vs_baseline": ci.ratio if ci else (1.0 if arm == "baseline" else math.nan),
-                "ci_low": ci.low if ci else math.nan, "ci_high": ci.high if ci else math.nan,
-                "mw_p": data.mann_whitney_p(arm),
-                "correct": _arm_checks_pass(checks, workload, arm), "verdict": None, "reasons": None,
-                **_balance_columns(balance, workload, arm),
-            }
-            for ref, ref_ci in references.items():
-                on_candidate = arm == candidate and ref_ci is not None
-                row[f"speedup_vs_{ref}"] = ref_ci.ratio if on_candidate else math.nan
-                row[f"{ref}_ci_low"] = ref_ci.low if on_candidate else math.nan
-                row[f"{ref}_ci_high"] = ref_ci.high if on_candidate else math.nan
-            if arm == candidate and ci is not None:
-                row["ci_half_width"] = stats.ci_halfwidth_rel(ci)
-                row["mde"] = stats.minimum_detectable_effect(ci)
-                row.update({k: v for k, v in (timing or {}).get(workload, {}).items() if k in ("stop_reason", "timing_s")})
-            rows.append(row)
-        per_workload[workload] = {"data": data, "ci": vs_base.get(candidate), "p": data.mann_whitney_p(candidate)}
+    per_test: dict[tuple[SweepPoint, str], dict] = {}
+    for point in config.points:
+        frame, checks = _at(all_steps, point), _at(all_checks, point)
+        point_balance = [b for b in balance or [] if b.get("point", point.id) == point.id]
+        for workload in config.workloads:
+            key = (point, workload)
+            times = (timing or {}).get((point.id, workload)) or (timing or {}).get(workload, {})
+            point_rows, per_test[key] = _workload_rows(frame, checks, config.at(point), workload, candidate,
+                                                       point_balance, times)
+            rows += [r | point.columns() for r in point_rows]
 
-    _adjust_pvalues(per_workload, config.correction)
+    _adjust_pvalues(per_test, config.correction)
     verdicts = {}
-    for workload, info in per_workload.items():
-        verdict = _decide_workload(workload, info, checks, config, failed_arms, balance, candidate)
-        verdicts[workload] = verdict
+    for (point, workload), info in per_test.items():
+        checks = _at(all_checks, point)
+        failed = failed_arms.get(point.id, set()) if isinstance(failed_arms, dict) else set(failed_arms)
+        verdict = (_out_of_memory_verdict(checks, workload, candidate, point)
+                   or _decide_workload(workload, info, checks, config, failed, info["balance"], candidate))
+        verdicts[verdict_key(config, point, workload)] = verdict
         placed = False
         for row in rows:
-            if row["workload"] == workload and row["arm"] == candidate:
+            if row["point"] == point.id and row["workload"] == workload and row["arm"] == candidate:
                 row.update(verdict=verdict.verdict, reasons=",".join(verdict.reasons), advice=verdict.advice,
                            mw_p_adjusted=info["p_adjusted"],
                            correction=config.correction)
                 placed = True
         if not placed:
-            rows.append({"workload": workload, "arm": candidate, "n": 0, "verdict": verdict.verdict,
-                         "reasons": ",".join(verdict.reasons), "correct": False})
+            rows.append({**point.columns(), "workload": workload, "arm": candidate, "n": 0, "verdict": verdict.verdict,
+                         "reasons": ",".join(verdict.reasons), "advice": verdict.advice, "correct": False})
     return rows, verdicts
 
 
-def _adjust_pvalues(per_workload: dict[str, dict], correction: str) -> None:
-    """Adjusted p-value per workload (NaN where no test could run), across all workloads of the run."""
+def _workload_rows(frame, checks, config, workload, candidate, balance, times) -> tuple[list[dict], dict]:
+    """One point's summary rows of one workload (without verdicts) and what its test needs."""
+    rows: list[dict] = []
+    data = _Workload(frame, workload, config)
+    vs_base = {a: data.ratio_ci("baseline", a) for a in data.arms if a != "baseline"}
+    references = {ref: data.ratio_ci(ref, candidate) for ref in config.reference_arms if ref in data.arms}
+    for arm in data.arms:
+        ci = vs_base.get(arm)
+        row = data.row(arm) | {
+            "speedup_vs_baseline": ci.ratio if ci else (1.0 if arm == "baseline" else math.nan),
+            "ci_low": ci.low if ci else math.nan, "ci_high": ci.high if ci else math.nan,
+            "mw_p": data.mann_whitney_p(arm),
+            "correct": _arm_checks_pass(checks, workload, arm), "verdict": None, "reasons": None,
+            **_balance_columns(balance, workload, arm),
+        }
+        for ref, ref_ci in references.items():
+            on_candidate = arm == candidate and ref_ci is not None
+            row[f"speedup_vs_{ref}"] = ref_ci.ratio if on_candidate else math.nan
+            row[f"{ref}_ci_low"] = ref_ci.low if on_candidate else math.nan
+            row[f"{ref}_ci_high"] = ref_ci.high if on_candidate else math.nan
+        if arm == candidate and ci is not None:
+            row["ci_half_width"] = stats.ci_halfwidth_rel(ci)
+            row["mde"] = stats.minimum_detectable_effect(ci)
+            row.update({k: v for k, v in times.items() if k in ("stop_reason", "timing_s")})
+        rows.append(row)
+    return rows, {"data": data, "ci": vs_base.get(candidate), "p": data.mann_whitney_p(candidate), "balance": balance}
+
+
+def _out_of_memory_verdict(checks: pd.DataFrame, workload: str, candidate: str, point: SweepPoint) -> Verdict | None:
+    """INCONCLUSIVE (OUT_OF_MEMORY) when the baseline or the candidate ran out of memory at this point and workload."""
+    if not len(checks):
+        return None
+    oom = checks[(checks.metric == OOM_METRIC) & checks.workload.isin([workload, "*"])
+                 & checks.arm.isin(["baseline", candidate])]
+    if not len(oom):
+        return None
+    arms = ", ".join(dict.fromkeys(oom.arm))
+    return Verdict(INCONCLUSIVE, [OUT_OF_MEMORY],
+                   f"{arms} ran out of memory at {point.id} ({oom.detail.iloc[0]}); a smaller batch or seq would fit, "
+                   "--find-max-batch finds the largest batch")
+
+
+def attach_memory(summary: list[dict], memory: list[dict]) -> None:
+    """Peak device and host memory of the timed phase into each summary row (NaN where not measured)."""
+    peaks = {(m.get("point"), m["workload"], m["arm"]): m for m in memory if m["phase"] == MEMORY_PHASE}
+    for row in summary:
+        found = peaks.get((row.get("point"), row["workload"], row["arm"]), {})
+        row.update({c: found.get(c, math.nan) for c in MEMORY_COLUMNS})
+
+
+def _adjust_pvalues(per_workload: dict, correction: str) -> None:
+    """Adjusted p-value per (point, workload) test (NaN where no test could run), across all tests of the run."""
     tested = [w for w, info in per_workload.items() if not math.isnan(info["p"])]
     adjusted = ADJUSTERS[correction]([per_workload[w]["p"] for w in tested]) if tested else []
     for workload, info in per_workload.items():
@@ -163,5 +220,6 @@ def _decide_workload(workload, info, checks, config, failed_arms, balance, candi
     baseline_clean = bool(stock_calls.passed.all()) if len(stock_calls) else True
     correctness_rows = checks[(checks.arm == "patched") & checks.workload.isin([workload, "*"])
                               & ~checks.metric.isin(KERNEL_PROOF_METRICS)] if len(checks) else checks
-    return decide(correct=bool(len(correctness_rows)) and bool(correctness_rows.passed.all()),
+    return decide(target_half_width=config.target_half_width,
+                  correct=bool(len(correctness_rows)) and bool(correctness_rows.passed.all()),
                   kernel_ran=patched_ran, baseline_clean=baseline_clean, **common)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from e2eprof.memory import MemoryTracker, check_test_limit, release
 from e2eprof.patching import AppliedPatch, apply_patch, check_model_fits
 from e2eprof.registry import load_patch
 from e2eprof.workloads.batches import digest, synthetic_token_batches
@@ -27,6 +28,9 @@ from e2eprof.workloads.loops import make_workload
 from e2eprof.workloads.models import build_model, describe, resolve_model
 
 N_BATCHES = 4  # distinct seeded batches cycled through, so no step reuses the previous step's input buffer
+# The phase of memory.parquet each command's peaks belong to (timed blocks run as many commands: one phase).
+MEMORY_PHASES = {"cold": "cold", "capture": "correctness", "reference": "correctness", "warmup": "warmup",
+                 "block": "timing", "profile": "profile", "probe": "probe"}
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,23 @@ class ArmWorker:
         self.applied: AppliedPatch | None = None
         self.workloads: dict = {}
         self.step_counter: dict[str, int] = {}
+        self.memory = MemoryTracker(self.device)
+
+    def dispatch(self, command: str, kwargs: dict):
+        """Run one command, with its memory peaks recorded when it is a measured phase."""
+        phase = MEMORY_PHASES.get(command)
+        if phase is None:
+            return getattr(self, command)(**kwargs)
+        with self.memory.phase(kwargs.get("workload", "*"), phase):
+            return getattr(self, command)(**kwargs)
+
+    def release_after_oom(self, workload: str | None) -> None:
+        """Drop what the failed workload allocated (its optimizer state, gradients) and return cached memory."""
+        for name in [workload] if workload else list(self.workloads):
+            self.workloads.pop(name, None)
+        if getattr(self, "model", None) is not None:
+            self.model.zero_grad(set_to_none=True)
+        release(self.device)
 
     # ---- commands -------------------------------------------------------------------------------------
     def build(self) -> dict:
@@ -102,6 +123,7 @@ class ArmWorker:
 
     def _workload(self, name: str):
         if name not in self.workloads:
+            check_test_limit(self.setup.arm.name, self.setup.batch, self.setup.seq)
             self.workloads[name] = make_workload(name, self.step_model, self.device, self.setup.precision,
                                                  **self._options(name))
             self.step_counter[name] = 0
@@ -189,6 +211,7 @@ class ArmWorker:
         """fp64 outputs of this arm's (stock) model on the same batch: the trusted reference."""
         if self.applied is not None:
             raise RuntimeError("the fp64 reference must come from an unpatched arm")
+        check_test_limit(self.setup.arm.name, self.setup.batch, self.setup.seq)
         model64 = copy.deepcopy(self.model)
         model64.load_state_dict(self.pristine)
         model64 = model64.double()
@@ -250,6 +273,31 @@ class ArmWorker:
             "implementations": dict(implementations()) if implementations else None,
         }
 
+    def memory_peaks(self) -> list[dict]:
+        """Peak device and host memory per (workload, phase) so far in this process."""
+        return [row | {"arm": self.setup.arm.name} for row in self.memory.rows()]
+
+    def probe(self, batch: int, workloads: list[str]) -> dict:
+        """Does one step of each workload run at this batch (at the setup's seq)? Out of memory is an answer here."""
+        from e2eprof.workloads.batches import synthetic_token_batches as batches_of
+
+        vocab = describe(self.model)["vocab_size"]
+        failure = None
+        try:
+            check_test_limit(self.setup.arm.name, batch, self.setup.seq)
+            host = batches_of(1, batch, self.setup.seq, vocab, seed=self.setup.seed + 1, pin=self.device.type == "cuda")[0]
+            for name in workloads:
+                instance = make_workload(name, self.step_model, self.device, self.setup.precision, **self._options(name))
+                instance.step(host)
+                _synchronize(self.device)
+                del instance
+        except (MemoryError, torch.cuda.OutOfMemoryError) as exc:
+            failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        # After the except block: the exception's traceback no longer pins the failed step's tensors.
+        self.release_after_oom(None)
+        return {"batch": batch, "fits": failure is None, "detail": failure or "one step of each workload ran",
+                "peak_alloc_mb": torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else math.nan}
+
     def revert(self) -> dict:
         if self.applied is not None:
             self.applied.revert()
@@ -270,12 +318,18 @@ def worker_main(conn, setup: WorkerSetup) -> None:
         if command == "close":
             conn.send(("ok", {}))
             return
+        out_of_memory = False
         try:
-            result = getattr(worker, command)(**kwargs)
+            result = worker.dispatch(command, kwargs)
             conn.send(("ok", result))
         except BaseException as exc:  # report, don't die: the parent decides what a failure means
+            out_of_memory = isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError))
             conn.send(("error", {"type": type(exc).__name__, "message": str(exc).splitlines()[0] if str(exc) else "",
                                  "traceback": traceback.format_exc(limit=20)}))
+        if out_of_memory:
+            # Outside the except block, so the traceback no longer pins the failed step's tensors; the arm stays
+            # usable for its other workloads.
+            worker.release_after_oom(kwargs.get("workload"))
 
 
 def _save_outputs(outputs: dict, path: str) -> None:

@@ -1,5 +1,7 @@
 """Adaptive length: timing stops once the interval is tight enough, the budget is spent, or blocks run out."""
 
+import types
+
 import numpy as np
 
 from e2eprof.config import CompareConfig
@@ -7,9 +9,13 @@ from e2eprof.runner import _stop_reason
 
 
 class State:
+    """The parts of the runner's state the stopping rule reads."""
+
     def __init__(self, steps):
         self.steps = steps
         self.arm_failures = {}
+        self.out_of_memory = set()
+        self.point = types.SimpleNamespace(id="b8-s1024-bf16")
 
 
 def steps(noise, blocks=10, per_block=5, seed=0):
@@ -42,3 +48,16 @@ def test_a_failed_arm_stops_timing():
     state = State(steps(noise=0.2))
     state.arm_failures = {"patched": "crashed"}
     assert _stop_reason(config(), state, "train", blocks=10, elapsed=1.0) == "arm failed"
+
+
+def test_an_arm_out_of_memory_stops_timing():
+    state = State(steps(noise=0.2))
+    state.out_of_memory = {("patched", "train")}
+    assert _stop_reason(config(), state, "train", blocks=10, elapsed=1.0) == "out of memory"
+
+
+def test_rows_of_an_earlier_sweep_point_are_not_pooled():
+    # A tight earlier point must not make a noisy current point look settled.
+    earlier = [dict(r, point="b1-s64-bf16") for r in steps(noise=0.0001, blocks=40)]
+    state = State(earlier + [dict(r, point="b8-s1024-bf16") for r in steps(noise=0.2)])
+    assert _stop_reason(config(), state, "train", blocks=10, elapsed=1.0) is None
