@@ -70,8 +70,11 @@ def interrupt(tmp_path: Path, signum: int) -> tuple[subprocess.CompletedProcess,
     """Start a long compare, wait for its first timed steps on disk, send `signum`, wait for it to exit."""
     out = tmp_path / "report"
     long_run = [*SMALL, "--patch", "fastsoftmax", "--steps", "400", "--out", str(out)]  # the last --steps wins
+    # SIGINT back to its default in the child: a shell that starts jobs in the background (CI scripts do) hands them
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler at all.
     process = subprocess.Popen([sys.executable, "-m", "e2eprof", "compare", *long_run], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and process.poll() is None:
         try:
