@@ -73,6 +73,7 @@ def compare(
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run in --out (not supported yet: says what that run completed).")] = False,
     profile: Annotated[bool, typer.Option(help="Per-op profiling phase after timing.")] = True,
     trace: Annotated[bool, typer.Option(help="Also write a gzipped Chrome trace per arm and workload (size-capped).")] = False,
+    microbench: Annotated[bool, typer.Option(help="After timing, microbenchmark the replaced op alone on the shapes the model called it with (microbench/<point>/microbench.parquet).")] = False,
     find_max_batch: Annotated[bool, typer.Option("--find-max-batch", help="Instead of timing: the largest batch each arm runs (one train and infer step) without running out of memory, per --seq and --dtype.")] = False,
     max_batch: Annotated[int, typer.Option(help="Largest batch --find-max-batch tries.")] = 1024,
 ) -> int:
@@ -89,7 +90,7 @@ def compare(
         max_batch=max_batch,
         reference_arms=() if references == ("none",) else references, min_speedup=min_speedup,
         budget_seconds=budget, target_half_width=target_ci, aa=aa,
-        out=out, force=force, profile=profile, trace=trace,
+        out=out, force=force, profile=profile, trace=trace, microbench=microbench,
     )
     return _run(config)
 

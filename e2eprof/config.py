@@ -89,6 +89,7 @@ class CompareConfig:
     profile_steps: int | None = None
     trace: bool = False  # also export gzipped Chrome traces (size-capped)
     find_max_batch: bool = False  # instead of timing: the largest batch each arm runs without running out of memory
+    microbench: bool = False  # after timing: the replaced op alone on the shapes the model called it with
     max_batch: int = 1024  # where that search stops
     out: Path | None = None
     force: bool = False

@@ -10,7 +10,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -247,6 +250,10 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
             if config.is_sweep:
                 events("point", point=point, index=index, total=len(config.points))
             _run_point(config.at(point), point, arms, state, loaded.patch, scratch, events)
+        if config.microbench:
+            for point in config.points:
+                with state.phase(events, "*", f"microbench {point.id}"):
+                    _microbench_phase(config.at(point), point, state)
         sampler.stop()
         balance = (by_point(state.steps_frame(), lambda steps: telemetry.arm_balance(
             steps, clock_tolerance=config.clock_tolerance, temp_tolerance_c=config.temp_tolerance_c)).to_dict("records")
@@ -273,6 +280,26 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
         shutil.rmtree(scratch, ignore_errors=True)
     overall = worst([v.verdict for v in verdicts.values()])
     return Report(out_dir, run_id, pd.DataFrame(summary), verdicts, overall)
+
+
+def _microbench_phase(config: CompareConfig, point, state: _RunState) -> None:
+    """`e2eprof microbench` at this point's shapes, in a fresh process after every arm has closed.
+
+    A fresh process because the microbenchmark must see the stock op (no patch applied anywhere) and must not share
+    an allocator or a compile cache with the arms. Its table lands in microbench/<point>/microbench.parquet; a failure
+    is recorded as a row and the run goes on (the loop results are already measured).
+    """
+    out = state.out_dir / "microbench" / point.id
+    command = [sys.executable, "-m", "e2eprof", "microbench", "--patch", config.patch, "--model", config.model,
+               "--device", config.device, "--batch", str(config.batch), "--seq", str(config.seq),
+               "--dtype", config.precision, "--no-sweep", "--seed", str(config.seed), "--out", str(out), "--force"]
+    result = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ))
+    passed = result.returncode == 0
+    state.correctness.append({
+        "workload": "*", "arm": "patched", "tensor": "-", "metric": "microbench_ran", "value": float(passed),
+        "tolerance": 1.0, "passed": True,  # informational: the verdict rests on the loop, not the microbenchmark
+        "detail": (f"microbench/{point.id}/microbench.parquet" if passed
+                   else f"exit {result.returncode}: {(result.stderr.strip().splitlines() or ['no output'])[-1]}")})
 
 
 def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], state: _RunState, patch, scratch: Path,

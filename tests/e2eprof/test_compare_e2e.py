@@ -23,7 +23,7 @@ def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "report"
     result = run_cli("compare", "--model", "gpt2-tiny", "--patch", "fastsoftmax", "--steps", "6", "--block-steps", "2",
-                     "--new-tokens", "4", "--out", str(out))
+                     "--new-tokens", "4", "--microbench", "--out", str(out))
     return result, out
 
 
@@ -135,3 +135,20 @@ def test_a_wrong_kernel_fails_the_gate_and_keeps_its_timing(tmp_path):
     assert patched.verdict == "FAIL" and "INCORRECT" in patched.reasons
     steps = pd.read_parquet(out / "steps.parquet")
     assert (steps[(steps.arm == "patched") & (steps.phase == "warm")].shape[0]) == 6, "timing of a failed arm is kept"
+
+
+def test_microbench_phase_times_the_op_on_the_models_own_shapes(tiny_run):
+    result, out = tiny_run
+    ran = pd.read_parquet(out / "correctness.parquet").query("metric == 'microbench_ran'")
+    assert len(ran) == 1 and ran.value.iloc[0] == 1.0, ran.detail.tolist()
+    tables = list((out / "microbench").glob("*/microbench.parquet"))
+    assert len(tables) == 1
+    bench = pd.read_parquet(tables[0])
+    model_rows = bench[bench.source == "model"]
+    assert {"replacement", "eager"} <= set(model_rows.impl)
+    # gpt2-tiny's attention scores at the CPU defaults (batch 1, seq 64): (B, heads, T, T) with T = 64.
+    assert model_rows["shape"].str.endswith("x64x64").all()
+    timed = model_rows[model_rows.impl.isin(["replacement", "eager"])]
+    assert timed.passed.all() and (timed.median_us > 0).all()
+    phases = pd.read_parquet(out / "phases.parquet")
+    assert phases.phase.str.startswith("microbench").any()
