@@ -142,6 +142,10 @@ def build_model(source: ModelSource, *, attn_implementation: str, seed: int) -> 
             f"asked for attn_implementation={attn_implementation!r} but {source.name!r} was built with {got!r}"
         )
     model.to(dtype=torch.float32)  # a no-op unless a checkpoint kept some buffers in another dtype
+    if getattr(model, "loss_type", "") is None:
+        # transformers derives the loss from the class name, finds none for e.g. "GPT2LMHeadModel", falls back to
+        # the same loss and logs a warning on every forward with labels: name the loss it falls back to.
+        model.loss_type = {"causal-lm": "ForCausalLM", "masked-lm": "ForMaskedLM"}[objective(source.architecture)]
     return model.eval()
 
 
