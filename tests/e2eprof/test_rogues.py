@@ -51,7 +51,9 @@ GALLERY = [
     Rogue("subclass_output.py", "output_not_plain_tensor", False),
     Rogue("wrong_dtype.py", "output_dtype", False),
     Rogue("wrong_strides.py", "output_strides", False),
-    Rogue("stale_cache.py", "stale_output", True),
+    # Not "only": whether the model's own calls or the repeat on copies also hit a cached address depends on where
+    # the allocator puts each tensor, so other checks may catch it too (seen in a clean-venv CI run).
+    Rogue("stale_cache.py", "stale_output", False),
     Rogue("mutates_input.py", "input_mutated", True),
     Rogue("nondeterministic.py", "nondeterministic", True),
     Rogue("background_thread.py", "threads_leaked", True),
