@@ -10,7 +10,6 @@ otherwise hold each other's cached allocator memory and the answer would depend 
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,15 +20,18 @@ from rich.table import Table
 from e2eprof import reports
 from e2eprof.arm_process import ArmFailed, ArmProcess
 from e2eprof.config import CompareConfig
-from e2eprof.env import capture_environment
 from e2eprof.errors import UsageError
-from e2eprof.patching import check_model_fits
-from e2eprof.registry import load_patch
-from e2eprof.runner import Events, _arms, _quiet, prepare_out_dir
+from e2eprof.runner import (
+    Events,
+    _arms,
+    _quiet,
+    check_before_measuring,
+    new_run_row,
+    prepare_out_dir,
+    recording_status,
+)
 from e2eprof.sweep import is_oom, search_max_batch
 from e2eprof.worker import WorkerSetup
-from e2eprof.workloads.loops import check_workloads
-from e2eprof.workloads.models import ModelLoadError, resolve_model
 
 PROBED_WORKLOADS = ("train", "infer")  # generate holds less than a train step and about what infer holds
 
@@ -45,47 +47,21 @@ def find_max_batch(config: CompareConfig, events: Events = _quiet) -> MaxBatchRe
     workloads = [w for w in config.workloads if w in PROBED_WORKLOADS]
     if not workloads:
         raise UsageError("--find-max-batch: probes train and infer steps; --workload names neither")
-    try:
-        source = resolve_model(config.model)
-    except ModelLoadError as exc:
-        raise UsageError(f"--model: {exc}") from None
+    loaded, attn = check_before_measuring(config, workloads)
     shapes = list(dict.fromkeys((p.seq, p.precision) for p in config.points))  # the batch list, if any, is not used
-    try:
-        for seq, _ in shapes:
-            check_workloads(source, workloads, seq)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    loaded = load_patch(config.patch)
-    attn = loaded.patch.model_attention
-    check_model_fits(loaded.patch, source.architecture, attn)
     out_dir = prepare_out_dir(config)
     events("start", config=config, run_dir=out_dir)
-    run_row = {
-        "run_id": uuid.uuid4().hex[:12], "schema_version": reports.SCHEMA_VERSION, "status": "running",
-        "command_line": config.command_line, "config_json": reports.to_json(config.to_record()),
-        "environment_json": reports.to_json(capture_environment(config.device)), "patch_spec": config.patch,
-        "patch_origin": loaded.origin, "patch_source_sha256": loaded.source_hash, "seed": config.seed,
-        "batch_digest": None, "started_unix_ns": time.time_ns(), "ended_unix_ns": None, "failure": None,
-        "mode": "find-max-batch",
-    }
+    run_row = new_run_row(config, loaded, mode="find-max-batch")
     reports.write_table(out_dir, "run", [run_row])
     rows: list[dict] = []
     try:
-        for seq, precision in shapes:
-            for arm in _arms(config, attn):
-                events("phase", name=f"max batch: {arm.name}", detail=f"seq {seq}, {precision}, up to {config.max_batch}")
-                rows.append(_search_arm(config, arm, seq, precision, workloads) | {"run_id": run_row["run_id"]})
-                reports.write_table(out_dir, "maxbatch", rows)
-        run_row["status"] = "complete"
-    except KeyboardInterrupt:
-        run_row["status"] = "interrupted"
-        raise
-    except BaseException as exc:
-        run_row["status"] = "failed"
-        run_row["failure"] = f"{type(exc).__name__}: {exc}"
-        raise
+        with recording_status(run_row):
+            for seq, precision in shapes:
+                for arm in _arms(config, attn):
+                    events("phase", name=f"max batch: {arm.name}", detail=f"seq {seq}, {precision}, up to {config.max_batch}")
+                    rows.append(_search_arm(config, arm, seq, precision, workloads) | {"run_id": run_row["run_id"]})
+                    reports.write_table(out_dir, "maxbatch", rows)
     finally:
-        run_row["ended_unix_ns"] = time.time_ns()
         reports.write_table(out_dir, "run", [run_row])
     return MaxBatchResult(out_dir, pd.DataFrame(rows))
 

@@ -31,7 +31,7 @@ from e2eprof.correctness import compare_captures, op_check_rows
 from e2eprof.env import capture_environment
 from e2eprof.errors import RunError, UsageError
 from e2eprof.patching import call_check_rows, check_model_fits
-from e2eprof.registry import load_patch
+from e2eprof.registry import LoadedPatch, load_patch
 from e2eprof.summary import attach_memory, summarize
 from e2eprof.sweep import SweepPoint, by_point, is_oom, oom_row, stamp
 from e2eprof.verdict import EXIT_CODES, Verdict, worst
@@ -205,34 +205,63 @@ def _arms(config: CompareConfig, attn: str) -> list[ArmSpec]:
     return arms
 
 
-def compare(config: CompareConfig, events: Events = _quiet) -> Report:
-    """Run one comparison (see module docstring) and return its Report. Raises UsageError before measuring."""
-    if config.find_max_batch:
-        raise UsageError("find_max_batch: this searches batch sizes instead of comparing; call e2eprof.maxbatch.find_max_batch")
+def check_before_measuring(config: CompareConfig, workloads) -> tuple[LoadedPatch, str]:
+    """Everything that can be refused before a single measurement: the model, the workloads at every sequence length
+    (generate on an encoder, --seq past the position table), the patch and whether it fits the model.
+    Returns the loaded patch and the attention implementation the arms run with."""
     try:
         source = resolve_model(config.model)
     except ModelLoadError as exc:
         raise UsageError(f"--model: {exc}") from None
     try:
-        for seq in sorted({p.seq for p in config.points}):  # e.g. generate on an encoder, --seq past positions
-            check_workloads(source, config.workloads, seq)
+        for seq in sorted({p.seq for p in config.points}):
+            check_workloads(source, workloads, seq)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     loaded = load_patch(config.patch)
     attn = loaded.patch.model_attention
     check_model_fits(loaded.patch, source.architecture, attn)
-    out_dir = prepare_out_dir(config)
-    events("start", config=config, run_dir=out_dir)
+    return loaded, attn
 
-    run_id = uuid.uuid4().hex[:12]
-    run_row = {
-        "run_id": run_id, "schema_version": reports.SCHEMA_VERSION, "status": "running",
+
+def new_run_row(config: CompareConfig, loaded: LoadedPatch, **extra) -> dict:
+    """run.parquet's row as a run starts: what was asked for, on what, with which patch source; status "running"."""
+    return {
+        "run_id": uuid.uuid4().hex[:12], "schema_version": reports.SCHEMA_VERSION, "status": "running",
         "command_line": config.command_line, "config_json": reports.to_json(config.to_record()),
         "environment_json": reports.to_json(capture_environment(config.device)), "patch_spec": config.patch,
         "patch_origin": loaded.origin, "patch_source_sha256": loaded.source_hash, "seed": config.seed,
-        "batch_digest": None, "model_json": None, "started_unix_ns": time.time_ns(), "ended_unix_ns": None,
-        "failure": None,
+        "batch_digest": None, "started_unix_ns": time.time_ns(), "ended_unix_ns": None, "failure": None, **extra,
     }
+
+
+@contextmanager
+def recording_status(run_row: dict) -> Iterator[None]:
+    """Mark the run complete, interrupted (Ctrl-C, SIGTERM) or failed (with the error), and stamp its end time."""
+    try:
+        yield
+        run_row["status"] = "complete"
+    except KeyboardInterrupt:
+        run_row["status"] = "interrupted"
+        raise
+    except BaseException as exc:
+        run_row["status"] = "failed"
+        run_row["failure"] = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        run_row["ended_unix_ns"] = time.time_ns()
+
+
+def compare(config: CompareConfig, events: Events = _quiet) -> Report:
+    """Run one comparison (see module docstring) and return its Report. Raises UsageError before measuring."""
+    if config.find_max_batch:
+        raise UsageError("find_max_batch: this searches batch sizes instead of comparing; call e2eprof.maxbatch.find_max_batch")
+    loaded, attn = check_before_measuring(config, config.workloads)
+    out_dir = prepare_out_dir(config)
+    events("start", config=config, run_dir=out_dir)
+
+    run_row = new_run_row(config, loaded, model_json=None)
+    run_id = run_row["run_id"]
     sampler = telemetry.open_sampler(config.device)  # in the parent: sampling never runs inside a timed step
     run_row["telemetry_available"] = sampler.available
     run_row["telemetry_unavailable_reason"] = sampler.unavailable_reason
@@ -246,39 +275,31 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
     scratch = Path(tempfile.mkdtemp(prefix="e2eprof-scratch-"))
     run_row["points_json"] = reports.to_json([p.columns() for p in config.points])
     try:
-        for index, point in enumerate(config.points):
-            if config.is_sweep:
-                events("point", point=point, index=index, total=len(config.points))
-            _run_point(config.at(point), point, arms, state, loaded.patch, scratch, events)
-        if config.microbench:
-            for point in config.points:
-                with state.phase(events, "*", f"microbench {point.id}"):
-                    _microbench_phase(config.at(point), point, state)
-        sampler.stop()
-        balance = (by_point(state.steps_frame(), lambda steps: telemetry.arm_balance(
-            steps, clock_tolerance=config.clock_tolerance, temp_tolerance_c=config.temp_tolerance_c)).to_dict("records")
-            if sampler.available else [])
-        if balance:
-            reports.write_table(out_dir, "balance", [r | {"run_id": run_id} for r in balance])
-        summary, verdicts = summarize(state.steps, state.correctness, config, state.failed_by_point, balance, state.timing)
-        _explain_into(summary, state, run_id)
-        attach_memory(summary, state.memory)
-        run_row["verdict"] = worst([v.verdict for v in verdicts.values()])  # the run's: worst over (point, workload)
-        reports.write_table(out_dir, "summary", [r | {"run_id": run_id} for r in summary])
-        run_row["status"] = "complete"
-    except KeyboardInterrupt:
-        run_row["status"] = "interrupted"
-        raise
-    except BaseException as exc:
-        run_row["status"] = "failed"
-        run_row["failure"] = f"{type(exc).__name__}: {exc}"
-        raise
+        with recording_status(run_row):
+            for index, point in enumerate(config.points):
+                if config.is_sweep:
+                    events("point", point=point, index=index, total=len(config.points))
+                _run_point(config.at(point), point, arms, state, loaded.patch, scratch, events)
+            if config.microbench:
+                for point in config.points:
+                    with state.phase(events, "*", f"microbench {point.id}"):
+                        _microbench_phase(config.at(point), point, state)
+            sampler.stop()
+            balance = (by_point(state.steps_frame(), lambda steps: telemetry.arm_balance(
+                steps, clock_tolerance=config.clock_tolerance, temp_tolerance_c=config.temp_tolerance_c)).to_dict("records")
+                if sampler.available else [])
+            if balance:
+                reports.write_table(out_dir, "balance", [r | {"run_id": run_id} for r in balance])
+            summary, verdicts = summarize(state.steps, state.correctness, config, state.failed_by_point, balance, state.timing)
+            _explain_into(summary, state, run_id)
+            attach_memory(summary, state.memory)
+            run_row["verdict"] = worst([v.verdict for v in verdicts.values()])  # the run's: worst over (point, workload)
+            reports.write_table(out_dir, "summary", [r | {"run_id": run_id} for r in summary])
     finally:
         sampler.stop()
-        run_row["ended_unix_ns"] = time.time_ns()
         state.flush()
         shutil.rmtree(scratch, ignore_errors=True)
-    overall = worst([v.verdict for v in verdicts.values()])
+    overall = run_row["verdict"]
     return Report(out_dir, run_id, pd.DataFrame(summary), verdicts, overall)
 
 
