@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from e2eprof.gpu_spin import spin_cycles
+
 COPY_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}  # roofline buffer: 1 GiB on a GPU, 64 MiB (past any CPU cache)
 
 
@@ -40,18 +42,6 @@ class Samples:
 CUSHION_US = 500.0  # longer than any replacement's host-side dispatch
 
 
-def _spin_cycles_per_us(device: torch.device) -> float:
-    """GPU cycles per microsecond as `torch.cuda._sleep` sees them (the clock the card actually holds)."""
-    with torch.cuda.device(device):
-        torch.cuda._sleep(1_000_000)  # the first launch pays module loading
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(20_000_000)
-        end.record()
-        end.synchronize()
-        return 20_000_000 / (start.elapsed_time(end) * 1e3)
-
-
 class Timer:
     """Times a callable on one device; `trial` returns microseconds of one call."""
 
@@ -63,7 +53,7 @@ class Timer:
             l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
             self.flush_bytes = max(2 * l2, 8 << 20)
             self._flush = torch.empty(self.flush_bytes, dtype=torch.uint8, device=self.device)
-            self._cushion_cycles = int(CUSHION_US * _spin_cycles_per_us(self.device))
+            self._cushion_cycles = spin_cycles(self.device, CUSHION_US)
 
     def sync(self) -> None:
         # Device-wide: work an op queued on another stream must be finished before the next trial starts.

@@ -1,15 +1,13 @@
 """planted-slowdown: GPT-2's softmax computed by the stock function, then E2EPROF_PLANTED_DELAY_US of extra work.
 
-On CUDA the extra work is `torch.cuda._sleep`, a kernel that spins for a given number of GPU cycles: device
-work of known length that sits in the stream like any kernel (the host does not wait). Cycles per microsecond
-are measured once with CUDA events rather than taken from the nominal clock, which the card may not hold.
+On CUDA the extra work is a `torch.cuda._sleep` spin (e2eprof.gpu_spin): device work of known length that sits in
+the stream like any kernel (the host does not wait).
 On the CPU the extra work is a busy-wait of the same length on the calling thread.
 Outputs are the stock outputs bit for bit, so every correctness check passes: only the timing may tell.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from collections import Counter
@@ -17,6 +15,7 @@ from collections import Counter
 import torch
 import torch.nn.functional as F
 
+from e2eprof.gpu_spin import spin_cycles
 from e2eprof.kernels.fastsoftmax.patch import softmax_reference
 from e2eprof.patch import Patch
 
@@ -37,26 +36,11 @@ def delay_us() -> float:
     return value
 
 
-@functools.lru_cache(maxsize=8)
-def _cycles_per_us(device_index: int) -> float:
-    """GPU cycles per microsecond as `torch.cuda._sleep` sees them, measured on a long spin."""
-    with torch.cuda.device(device_index):
-        cycles = 50_000_000
-        torch.cuda._sleep(cycles // 10)  # first launch pays module loading
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-        return cycles / (start.elapsed_time(end) * 1e3)
-
-
 def _spin(device: torch.device, microseconds: float) -> None:
     if microseconds <= 0:
         return
     if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        torch.cuda._sleep(int(microseconds * _cycles_per_us(index)))
+        torch.cuda._sleep(spin_cycles(device, microseconds))
         IMPL_CALLS["cuda.spin"] += 1
     else:
         deadline = time.perf_counter() + microseconds / 1e6
