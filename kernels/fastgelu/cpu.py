@@ -16,20 +16,10 @@ import math
 
 import torch
 
+from .._cpu_math import chunks, compute_dtype
+
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 CUBIC_COEFF = 0.044715
-
-# Elements per chunk, so one chunk's fp32 temporaries stay around 4 MiB (cache-sized, bounded memory).
-_CHUNK_ELEMENTS = 1 << 20
-
-
-def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-
-
-def _chunks(n: int):
-    for start in range(0, n, _CHUNK_ELEMENTS):
-        yield slice(start, min(start + _CHUNK_ELEMENTS, n))
 
 
 def _u_and_e(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,9 +37,9 @@ def gelu_forward(x1d: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """GELU (tanh approximation) of a 1-D contiguous tensor, written as `out_dtype`."""
     if x1d.dim() != 1:
         raise ValueError(f"x1d must be 1-D, got shape {tuple(x1d.shape)}")
-    compute = _compute_dtype(x1d)
+    compute = compute_dtype(x1d)
     y1d = torch.empty(x1d.shape, dtype=out_dtype, device=x1d.device)
-    for sl in _chunks(x1d.numel()):
+    for sl in chunks(x1d.numel()):
         xc = x1d[sl].to(compute)  # may alias x1d when already `compute`: never modified in place
         u, e = _u_and_e(xc)
         y1d[sl] = _sigmoid_2u(u, e).mul_(xc)  # copy_ casts to out_dtype
@@ -60,9 +50,9 @@ def gelu_backward(dy1d: torch.Tensor, x1d: torch.Tensor, dx_dtype: torch.dtype) 
     """dx = dy * y'(x) for 1-D tensors of the same length, written as `dx_dtype` (see the module docstring)."""
     if dy1d.dim() != 1 or dy1d.shape != x1d.shape:
         raise ValueError(f"dy1d {tuple(dy1d.shape)} and x1d {tuple(x1d.shape)} must be 1-D of the same shape")
-    compute = _compute_dtype(dy1d, x1d)
+    compute = compute_dtype(dy1d, x1d)
     dx1d = torch.empty(x1d.shape, dtype=dx_dtype, device=x1d.device)
-    for sl in _chunks(x1d.numel()):
+    for sl in chunks(x1d.numel()):
         xc = x1d[sl].to(compute)
         dyc = dy1d[sl].to(compute)
         u, e = _u_and_e(xc)

@@ -14,19 +14,7 @@ when |mean| >> std.
 
 import torch
 
-# Rows per chunk are chosen so one chunk's fp32 temporaries stay around 4 MiB (cache-sized, bounded memory).
-_CHUNK_ELEMENTS = 1 << 20
-
-
-def compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
-    """fp64 when any operand is fp64, else fp32: the dtype of the math and of the saved mean/rstd."""
-    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
-
-
-def _row_chunks(rows: int, cols: int):
-    step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
-    for start in range(0, rows, step):
-        yield slice(start, min(start + step, rows))
+from .._cpu_math import compute_dtype, row_chunks
 
 
 def layer_norm_forward(x2d: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
@@ -43,7 +31,7 @@ def layer_norm_forward(x2d: torch.Tensor, weight: torch.Tensor | None, bias: tor
         return y2d, mean.fill_(float("nan")), rstd.fill_(float("nan"))
     w = weight.to(compute) if weight is not None else None  # (cols,)
     b = bias.to(compute) if bias is not None else None  # (cols,)
-    for sl in _row_chunks(rows, cols):
+    for sl in row_chunks(rows, cols):
         xc = x2d[sl].to(compute)  # (r, cols); may alias x2d when already `compute`: never modified in place
         m = xc.sum(dim=1, keepdim=True).div_(cols)  # (r, 1)
         centred = torch.sub(xc, m)  # (r, cols), fresh
@@ -77,7 +65,7 @@ def layer_norm_backward(dy2d: torch.Tensor, x2d: torch.Tensor, mean: torch.Tenso
     db = torch.zeros((cols,), dtype=compute, device=x2d.device)
     if rows > 0 and cols > 0:
         w = weight.to(compute) if weight is not None else None  # (cols,)
-        for sl in _row_chunks(rows, cols):
+        for sl in row_chunks(rows, cols):
             dyc = dy2d[sl].to(compute)  # (r, cols)
             r = rstd[sl].to(compute).unsqueeze(1)  # (r, 1)
             xhat = torch.sub(x2d[sl].to(compute), mean[sl].to(compute).unsqueeze(1)).mul_(r)  # (r, cols), fresh

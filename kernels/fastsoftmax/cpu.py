@@ -7,18 +7,7 @@ in fp32 (fp64 when the input is fp64), write the requested dtype; same -inf/NaN 
 
 import torch
 
-# Rows per chunk are chosen so one chunk's fp32 temporaries stay around 4 MiB (cache-sized, bounded memory).
-_CHUNK_ELEMENTS = 1 << 20
-
-
-def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-
-
-def _row_chunks(rows: int, cols: int):
-    step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
-    for start in range(0, rows, step):
-        yield slice(start, min(start + step, rows))
+from .._cpu_math import compute_dtype, row_chunks
 
 
 def softmax_forward(x2d: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -30,11 +19,11 @@ def softmax_forward(x2d: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     if x2d.dim() != 2:
         raise ValueError(f"x2d must be 2-D, got shape {tuple(x2d.shape)}")
     rows, cols = x2d.shape
-    compute = _compute_dtype(x2d)
+    compute = compute_dtype(x2d)
     y2d = torch.empty((rows, cols), dtype=out_dtype, device=x2d.device)
     if rows == 0 or cols == 0:
         return y2d
-    for sl in _row_chunks(rows, cols):
+    for sl in row_chunks(rows, cols):
         xc = x2d[sl].to(compute)  # (r, cols); may alias x2d when already `compute`, so never modified in place
         m = xc.amax(dim=1, keepdim=True)  # (r, 1)
         e = torch.sub(xc, m).exp_()  # fresh tensor: in-place exp is safe
@@ -51,11 +40,11 @@ def softmax_backward(dy2d: torch.Tensor, y2d: torch.Tensor, dx_dtype: torch.dtyp
     if dy2d.dim() != 2 or dy2d.shape != y2d.shape:
         raise ValueError(f"dy2d {tuple(dy2d.shape)} and y2d {tuple(y2d.shape)} must be 2-D of the same shape")
     rows, cols = y2d.shape
-    compute = _compute_dtype(dy2d, y2d)
+    compute = compute_dtype(dy2d, y2d)
     dx2d = torch.empty((rows, cols), dtype=dx_dtype, device=y2d.device)
     if rows == 0 or cols == 0:
         return dx2d
-    for sl in _row_chunks(rows, cols):
+    for sl in row_chunks(rows, cols):
         dyc = dy2d[sl].to(compute)  # (r, cols)
         yc = y2d[sl].to(compute)  # (r, cols)
         dot = torch.mul(dyc, yc).sum(dim=1, keepdim=True)  # (r, 1)

@@ -7,9 +7,7 @@ compute in fp32 (fp64 when any input is fp64), write the requested dtype; same -
 
 import torch
 
-
-def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
-    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
+from .._cpu_math import compute_dtype
 
 
 def fused_softmax_forward(scores: torch.Tensor, mask: torch.Tensor | None, scale: float,
@@ -21,7 +19,7 @@ def fused_softmax_forward(scores: torch.Tensor, mask: torch.Tensor | None, scale
     """
     if scores.dim() != 4:
         raise ValueError(f"scores must be 4-D (B, H, T, S), got shape {tuple(scores.shape)}")
-    compute = _compute_dtype(scores, mask)
+    compute = compute_dtype(scores, mask)
     y = torch.empty(scores.shape, dtype=out_dtype, device=scores.device)
     if y.numel() == 0:
         return y
@@ -43,7 +41,7 @@ def fused_softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, scale: flo
     """
     if grad_out.shape != out.shape:
         raise ValueError(f"grad_out {tuple(grad_out.shape)} and out {tuple(out.shape)} must have the same shape")
-    compute = _compute_dtype(grad_out, out)
+    compute = compute_dtype(grad_out, out)
     dx = torch.empty(out.shape, dtype=in_dtype, device=out.device)
     if dx.numel() == 0:
         return dx

@@ -8,18 +8,7 @@ write the promoted dtype of x and the weight.
 
 import torch
 
-# Rows per chunk are chosen so one chunk's fp32 temporaries stay around 4 MiB (cache-sized, bounded memory).
-_CHUNK_ELEMENTS = 1 << 20
-
-
-def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-
-
-def _row_chunks(rows: int, cols: int):
-    step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
-    for start in range(0, rows, step):
-        yield slice(start, min(start + step, rows))
+from .._cpu_math import compute_dtype, row_chunks
 
 
 def _normalise(xc: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,12 +24,12 @@ def rmsnorm_forward(x2d: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
     """
     _check_shapes(x2d, weight)
     rows, cols = x2d.shape
-    compute = _compute_dtype(x2d, weight)
+    compute = compute_dtype(x2d, weight)
     y2d = torch.empty((rows, cols), dtype=torch.promote_types(x2d.dtype, weight.dtype), device=x2d.device)
     if rows == 0 or cols == 0:
         return y2d
     w = weight.to(compute)  # (cols,)
-    for sl in _row_chunks(rows, cols):
+    for sl in row_chunks(rows, cols):
         normed, _ = _normalise(x2d[sl].to(compute), eps)  # (r, cols)
         # The stock module casts the normalised fp32 row back to the input dtype before multiplying.
         normed = normed.to(x2d.dtype).to(compute)
@@ -60,13 +49,13 @@ def rmsnorm_backward(dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor
     if dy2d.shape != x2d.shape:
         raise ValueError(f"dy2d {tuple(dy2d.shape)} and x2d {tuple(x2d.shape)} must have the same shape")
     rows, cols = x2d.shape
-    compute = _compute_dtype(dy2d, x2d, weight)
+    compute = compute_dtype(dy2d, x2d, weight)
     dx2d = torch.empty((rows, cols), dtype=x2d.dtype, device=x2d.device)
     dw = torch.zeros(cols, dtype=compute, device=x2d.device)
     if rows == 0 or cols == 0:
         return dx2d, dw.to(weight.dtype)
     w = weight.to(compute)  # (cols,)
-    for sl in _row_chunks(rows, cols):
+    for sl in row_chunks(rows, cols):
         dyc = dy2d[sl].to(compute)  # (r, cols)
         normed, rstd = _normalise(x2d[sl].to(compute), eps)  # (r, cols), (r, 1)
         dw += torch.mul(dyc, normed.to(x2d.dtype).to(compute)).sum(dim=0)

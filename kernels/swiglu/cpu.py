@@ -7,17 +7,7 @@ when an input is fp64) and round once to the output dtype, torch.promote_types(g
 
 import torch
 
-# Elements per chunk: one chunk's fp32 temporaries stay around 4 MiB (cache-sized, bounded memory).
-_CHUNK_ELEMENTS = 1 << 20
-
-
-def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-
-
-def _chunks(n: int):
-    for start in range(0, n, _CHUNK_ELEMENTS):
-        yield slice(start, min(start + _CHUNK_ELEMENTS, n))
+from .._cpu_math import chunks, compute_dtype
 
 
 def _sigmoid(g: torch.Tensor) -> torch.Tensor:
@@ -28,9 +18,9 @@ def _sigmoid(g: torch.Tensor) -> torch.Tensor:
 def swiglu_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up = gate * sigmoid(gate) * up, elementwise, rounded once to promote_types(gate, up)."""
     _check(gate, up)
-    compute = _compute_dtype(gate, up)
+    compute = compute_dtype(gate, up)
     y = torch.empty_like(gate, dtype=torch.promote_types(gate.dtype, up.dtype))
-    for sl in _chunks(gate.numel()):
+    for sl in chunks(gate.numel()):
         g = gate[sl].to(compute)  # may alias gate when already `compute`, so never modified in place
         y[sl] = _sigmoid(g).mul_(g).mul_(up[sl].to(compute))  # copy_ casts to the output dtype
     return y
@@ -44,10 +34,10 @@ def swiglu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> t
     _check(gate, up)
     if dy.shape != gate.shape or dy.dim() != 1:
         raise ValueError(f"dy {tuple(dy.shape)} must be 1-D like gate {tuple(gate.shape)}")
-    compute = _compute_dtype(dy, gate, up)
+    compute = compute_dtype(dy, gate, up)
     dgate = torch.empty_like(gate)
     dup = torch.empty_like(up)
-    for sl in _chunks(gate.numel()):
+    for sl in chunks(gate.numel()):
         g = gate[sl].to(compute)
         u = up[sl].to(compute)
         d = dy[sl].to(compute)
