@@ -448,6 +448,7 @@ def _run_workload(config, workload, processes, state, patch, scratch, events) ->
                     and (a, workload) not in SITS_OUT]
     before = {a: _call(processes, state, a, "counters") for a in live()}
     first_step = len(state.steps)  # this workload's steps are state.steps[first_step:]
+    patched_live = "patched" in live()
 
     with state.phase(events, workload, "cold step"):
         for arm in live():
@@ -455,6 +456,8 @@ def _run_workload(config, workload, processes, state, patch, scratch, events) ->
 
     with state.phase(events, workload, "correctness"):
         _correctness_gate(config, workload, processes, state, patch, scratch, live)
+        if patched_live and "patched" not in live():  # failed in its cold step or in the gate's capture
+            _diagnose_failure(workload, processes, state, scratch)
 
     with state.phase(events, workload, "warm-up"):
         for arm in live():
@@ -551,6 +554,26 @@ def _correctness_gate(config, workload, processes, state, patch, scratch, live) 
                 state.correctness += call_check_rows(workload, arm, result["op_checks"])
     if reference and "baseline" in captures:
         state.correctness += compare_captures(workload, reference["path"], captures, patch, config.precision)
+
+
+def _diagnose_failure(workload, processes, state, scratch) -> None:
+    """The patched arm raised before its checks ran: run its verified capture anyway, to say why.
+
+    An output the model cannot use (on another device, of another shape) makes the model's next op raise in the
+    cold step, before any per-call check; the verified call records such a finding and hands the model the stock
+    output, so this capture usually finishes and names the check (output_device, ...) next to the arm_failed row.
+    A worker that died, or a kernel that raises again, tells nothing more: the arm_failed row stands alone.
+    """
+    failure = state.arm_failures.get("patched")
+    if failure is None or failure.kind != "error" or is_oom(failure):
+        return
+    try:
+        result = processes["patched"].call("capture", workload=workload, verify=True,
+                                           path=scratch_path(str(scratch), "patched", workload, "diagnosis"))
+    except ArmFailed:
+        return
+    state.correctness += op_check_rows(workload, "patched", result["op_checks"])
+    state.correctness += call_check_rows(workload, "patched", result["op_checks"])
 
 
 def _revalidate(config, workload, processes, state, patch, scratch) -> None:

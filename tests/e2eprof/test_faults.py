@@ -60,6 +60,10 @@ def test_a_failing_patch_fails_the_run_and_keeps_the_baseline(tmp_path, kind):
     assert len(failure) == 1
     if kind == "kills_worker":
         assert "exited with code 7" in failure.detail.iloc[0]
+    if kind == "wrong_shape":  # the model raised in the cold step; a verified capture afterwards names the check
+        shape = checks[(checks.arm == "patched") & (checks.metric == "output_shape")]
+        assert len(shape) == 1 and not shape.passed.iloc[0] and "!= stock" in shape.detail.iloc[0]
+        assert "INCORRECT" in patched.reasons.split(",")
     steps = pd.read_parquet(out / "steps.parquet")
     baseline = steps[(steps.arm == "baseline") & (steps.phase == "warm")]
     assert len(baseline) == 6, "the baseline arm's timing must go on without the failed arm"
