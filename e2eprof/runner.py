@@ -32,9 +32,9 @@ from e2eprof.env import capture_environment
 from e2eprof.errors import RunError, UsageError
 from e2eprof.patching import call_check_rows, check_model_fits
 from e2eprof.registry import LoadedPatch, load_patch
-from e2eprof.summary import attach_memory, summarize
+from e2eprof.summary import attach_memory, summarize, verdict_key
 from e2eprof.sweep import SweepPoint, by_point, is_oom, oom_row, stamp
-from e2eprof.verdict import EXIT_CODES, Verdict, worst
+from e2eprof.verdict import EXIT_CODES, Verdict, flag_implausible, worst
 from e2eprof.worker import ArmSpec, WorkerSetup, scratch_path
 from e2eprof.workloads.loops import check_workloads
 from e2eprof.workloads.models import ModelLoadError, resolve_model
@@ -292,6 +292,7 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
                 reports.write_table(out_dir, "balance", [r | {"run_id": run_id} for r in balance])
             summary, verdicts = summarize(state.steps, state.correctness, config, state.failed_by_point, balance, state.timing)
             _explain_into(summary, state, run_id)
+            _flag_implausible(summary, verdicts, config)
             attach_memory(summary, state.memory)
             run_row["verdict"] = worst([v.verdict for v in verdicts.values()])  # the run's: worst over (point, workload)
             reports.write_table(out_dir, "summary", [r | {"run_id": run_id} for r in summary])
@@ -380,13 +381,29 @@ def _explain_into(summary: list[dict], state: _RunState, run_id: str) -> None:
         base = state.profiles.get((point, row["workload"], "baseline"))
         if row["arm"] != "patched" or not profile or not base:
             continue
-        result = explain.explain(row["workload"], base, profile, row.get("speedup_vs_baseline", math.nan))
+        result = explain.explain(row["workload"], base, profile, row.get("speedup_vs_baseline", math.nan),
+                                 measured_low=row.get("ci_low", math.nan))
         rows.append({**point.columns(), "workload": row["workload"], **{k: v for k, v in result.items() if not isinstance(v, (list, dict))},
                      "grown_ops": reports.to_json(result.get("grown_ops")), "run_id": run_id})
         row.update(replaced_share=result["f"], replaced_speedup=result["s"], predicted_speedup=result["predicted"],
                    amdahl_bound=result["bound"], cause=result["cause"], cause_detail=result["detail"])
     if rows:
         reports.write_table(state.out_dir, "explain", rows)
+
+
+def _flag_implausible(summary: list[dict], verdicts: dict, config: CompareConfig) -> None:
+    """A step gain beyond the Amdahl bound (explain's cause "implausible") reaches the verdict as IMPLAUSIBLE_GAIN."""
+    points = {p.id: p for p in config.points}
+    for row in summary:
+        if row.get("cause") != "implausible" or row.get("verdict") is None:
+            continue
+        key = verdict_key(config, points[row["point"]], row["workload"])
+        sure = row["ci_low"] if math.isfinite(row.get("ci_low", math.nan)) else row["speedup_vs_baseline"]
+        detail = (f"the step gained at least {sure:.3f}x, but the replaced region ({row['replaced_share']:.1%} of the "
+                  f"baseline step) allows at most {row['amdahl_bound']:.3f}x: work skipped or moved off the clock, "
+                  f"or the profile's range misses calls")
+        verdicts[key] = flag_implausible(verdicts[key], detail)
+        row.update(verdict=verdicts[key].verdict, reasons=",".join(verdicts[key].reasons), advice=verdicts[key].advice)
 
 
 def _broadcast(processes: dict[str, ArmProcess], state: _RunState, command: str, **kwargs) -> dict[str, dict]:
