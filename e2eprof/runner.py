@@ -285,17 +285,18 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
                     with state.phase(events, "*", f"microbench {point.id}"):
                         _microbench_phase(config.at(point), point, state)
             sampler.stop()
-            balance = (by_point(state.steps_frame(), lambda steps: telemetry.arm_balance(
-                steps, clock_tolerance=config.clock_tolerance, temp_tolerance_c=config.temp_tolerance_c)).to_dict("records")
-                if sampler.available else [])
-            if balance:
-                reports.write_table(out_dir, "balance", [r | {"run_id": run_id} for r in balance])
-            summary, verdicts = summarize(state.steps, state.correctness, config, state.failed_by_point, balance, state.timing)
-            _explain_into(summary, state, run_id)
-            _flag_implausible(summary, verdicts, config)
-            attach_memory(summary, state.memory)
-            run_row["verdict"] = worst([v.verdict for v in verdicts.values()])  # the run's: worst over (point, workload)
-            reports.write_table(out_dir, "summary", [r | {"run_id": run_id} for r in summary])
+            with state.phase(events, "*", "summary and tables"):
+                balance = (by_point(state.steps_frame(), lambda steps: telemetry.arm_balance(
+                    steps, clock_tolerance=config.clock_tolerance, temp_tolerance_c=config.temp_tolerance_c)).to_dict("records")
+                    if sampler.available else [])
+                if balance:
+                    reports.write_table(out_dir, "balance", [r | {"run_id": run_id} for r in balance])
+                summary, verdicts = summarize(state.steps, state.correctness, config, state.failed_by_point, balance, state.timing)
+                _explain_into(summary, state, run_id)
+                _flag_implausible(summary, verdicts, config)
+                attach_memory(summary, state.memory)
+                run_row["verdict"] = worst([v.verdict for v in verdicts.values()])  # the run's: worst over (point, workload)
+                reports.write_table(out_dir, "summary", [r | {"run_id": run_id} for r in summary])
     finally:
         sampler.stop()
         state.flush()
@@ -358,8 +359,12 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
         for rows in _broadcast(processes, state, "memory_peaks").values():
             state.memory += rows
     finally:
-        for process in processes.values():
-            process.close()
+        # All at once: each worker's exit (CUDA context, torch.compile's worker pool) then overlaps the others'.
+        with state.phase(events, "*", "stop workers"):
+            for process in processes.values():
+                process.request_close()
+            for process in processes.values():
+                process.close()
         state.end_point()
         state.flush()
 
@@ -494,7 +499,7 @@ def _run_workload(config, workload, processes, state, patch, scratch, events) ->
 
     if config.profile:
         with state.phase(events, workload, "profile",
-                         f"{config.profile_warmup} warm-up + {config.profile_steps} active steps per arm"):
+                         "{} warm-up + {} active steps per arm".format(*profile_steps_for(config, workload))):
             _profile_arms(config, workload, processes, state, patch, live)
 
 
@@ -631,14 +636,27 @@ def thread_rows(workload: str, steps: list[dict]) -> list[dict]:
              "detail": f"threads still running at the end of timed steps: patched {left['patched']}, baseline {stock}"}]
 
 
+def profile_steps_for(config: CompareConfig, workload: str) -> tuple[int, int]:
+    """(warm-up, active) profiled steps for a workload.
+
+    One generate step is new_tokens forward passes, each with the module ranges and shapes the profiler records:
+    on the H200 the default 2 + 3 steps of a 32-token decode took 110 s over three arms, a quarter of the whole
+    run. One warm-up and one active step already hold new_tokens calls of every op, so decoding gets at most that.
+    """
+    if workload == "generate":
+        return min(config.profile_warmup, 1), min(config.profile_steps, 1)
+    return config.profile_warmup, config.profile_steps
+
+
 def _profile_arms(config, workload, processes, state, patch, live) -> None:
     # The compiled arm is left out: module ranges would break its graphs, so its profile could not be attributed,
     # and profiling it re-traces the model (over a minute for generate on the H200). Its device time per step is
     # in steps.parquet all the same.
+    warmup, active = profile_steps_for(config, workload)
     for arm in [a for a in live() if a != "compile"]:
         trace = str(state.out_dir / f"trace-{workload}-{arm}.json.gz") if config.trace else None
-        result = _call(processes, state, arm, "profile", {"workload": workload, "warmup": config.profile_warmup,
-                                                            "active": config.profile_steps, "trace_path": trace})
+        result = _call(processes, state, arm, "profile", {"workload": workload, "warmup": warmup,
+                                                            "active": active, "trace_path": trace})
         if result is None:
             continue
         state.profiles[(state.point, workload, arm)] = result["result"]

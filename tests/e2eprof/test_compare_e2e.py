@@ -154,6 +154,19 @@ def test_microbench_phase_times_the_op_on_the_models_own_shapes(tiny_run):
     assert phases.phase.str.startswith("microbench").any()
 
 
+def test_phases_account_for_the_run_from_workers_to_tables(tiny_run):
+    # Stopping the workers and writing the summary are phases too, so a run's wall time is attributed, not guessed.
+    _, out = tiny_run
+    phases = pd.read_parquet(out / "phases.parquet")
+    assert {"start workers and build models", "stop workers", "summary and tables"} <= set(phases.phase)
+    run = pd.read_parquet(out / "run.parquet").iloc[0]
+    wall = (run.ended_unix_ns - run.started_unix_ns) / 1e9
+    covered = (phases.end_unix_ns.max() - phases.start_unix_ns.min()) / 1e9
+    assert covered <= wall and phases.seconds.sum() >= 0.8 * wall, (phases.seconds.sum(), wall)
+    profiled = phases[phases.phase == "profile"].set_index("workload")
+    assert profiled.loc["generate", "seconds"] > 0
+
+
 def test_bert_inference_with_fastgelu_runs_the_erf_kernel_and_passes_the_gate(tmp_path):
     # Issue 7: BERT's exact (erf) GELU replaced by fastgelu, end to end on the CPU.
     out = tmp_path / "report"
