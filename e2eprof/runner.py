@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from e2eprof import explain, reports, stats, telemetry
+from e2eprof import resume as resume_run
 from e2eprof.arm_process import ArmFailed, ArmProcess
 from e2eprof.config import AA_ARM, CompareConfig, default_out_dir
 from e2eprof.correctness import compare_captures, op_check_rows
@@ -59,6 +60,7 @@ class Report:
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     overall: str = "INCONCLUSIVE"
     status: str = "complete"
+    nothing_to_do: bool = False  # --resume of a run that was already complete
 
     @property
     def exit_code(self) -> int:
@@ -98,14 +100,6 @@ def run_progress(out: Path) -> str:
     return text
 
 
-def refuse_resume(out: Path | None) -> None:
-    """--resume is not implemented yet: refuse, naming what the earlier run completed (exit 2)."""
-    if out is None or not (Path(out) / "run.parquet").exists():
-        raise UsageError("--resume needs --out pointing at an earlier run's report directory")
-    raise UsageError(f"--resume: continuing a run is not supported yet; {out} holds {run_progress(Path(out))}. "
-                     f"Rerun with --force to start over")
-
-
 class _RunState:
     """Everything measured so far, flushed to Parquet after each phase so nothing is lost."""
 
@@ -125,6 +119,10 @@ class _RunState:
         self.failed_by_point: dict[str, set[str]] = {}
         self.out_of_memory: set[tuple[str, str]] = set()  # (arm, workload) that ran out of memory at this point
         self._stamped = {"steps": 0, "correctness": 0, "phases": 0, "memory": 0}
+        # --resume: rows of the units an earlier attempt finished, kept as written (resume.py), and those units
+        # with what the tables cannot hold (why timing stopped, profiles), recorded in run.parquet's resume_json.
+        self.prior: dict[str, pd.DataFrame] = {}
+        self.units: dict[str, dict] = {}
 
     def begin_point(self, point: SweepPoint) -> None:
         self.point = point
@@ -134,7 +132,12 @@ class _RunState:
     def end_point(self) -> None:
         """Stamp this point's rows and keep which arms failed for real (running out of memory is not a failure)."""
         self._stamp()
-        self.failed_by_point[self.point.id] = {a for a, f in self.arm_failures.items() if not is_oom(f)}
+        failed = {a for a, f in self.arm_failures.items() if not is_oom(f)}
+        prior = self.prior.get("correctness")
+        if prior is not None and len(prior):  # arms that failed in this point's units an earlier attempt finished
+            mine = prior[(prior["point"] == self.point.id) & (prior["metric"] == "arm_failed")]
+            failed |= set(mine["arm"])
+        self.failed_by_point[self.point.id] = failed
 
     def _stamp(self) -> None:
         """Every row recorded since the last stamp was measured at the current point: give it the identity columns."""
@@ -155,12 +158,39 @@ class _RunState:
                                 "seconds": (end - start) / 1e9})
 
     def steps_frame(self) -> pd.DataFrame:
-        """Steps joined with the telemetry samples that fall inside each step (clocks, temperature, throttling)."""
+        """Steps joined with the telemetry samples that fall inside each step (clocks, temperature, throttling).
+
+        Kept steps of an earlier attempt come first, as written (joined with that attempt's samples).
+        """
         steps = pd.DataFrame(self.steps)
         samples = self.sampler.frame() if self.sampler.available else None
-        if samples is None or not len(samples) or not len(steps):
-            return steps
-        return telemetry.join_steps(steps, samples)
+        if samples is not None and len(samples) and len(steps):
+            steps = telemetry.join_steps(steps, samples)
+        return self._with_prior("steps", steps)
+
+    def _with_prior(self, name: str, rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
+        frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+        prior = self.prior.get(name)
+        if prior is None or not len(prior):
+            return frame
+        if not len(frame):
+            return prior
+        return pd.concat([prior, frame.assign(run_id=self.run_row["run_id"])], ignore_index=True)
+
+    def all_rows(self, name: str) -> list[dict]:
+        """Kept rows of an earlier attempt, then this attempt's (steps, correctness, memory), for the summary."""
+        prior = self.prior.get(name)
+        return (prior.to_dict("records") if prior is not None else []) + getattr(self, name)
+
+    def samples_frame(self) -> pd.DataFrame:
+        return self._with_prior("telemetry", self.sampler.frame())
+
+    def finish_unit(self, workload: str) -> None:
+        """This (point, workload) is done: recorded with its rows in the next flush, kept by a --resume."""
+        timing = self.timing.get((self.point.id, workload))
+        profiles = {a: r for (p, w, a), r in self.profiles.items() if p == self.point and w == workload}
+        self.units[resume_run.unit_key(self.point.id, workload)] = {"timing": timing, "profiles": profiles}
+        self.run_row["resume_json"] = reports.to_json(self.units)
 
     def flush(self) -> None:
         self._stamp()
@@ -169,14 +199,14 @@ class _RunState:
         steps = self.steps_frame()
         reports.write_table(self.out_dir, "steps", steps.assign(run_id=run_id) if len(steps) else [])
         if self.sampler.available and len(steps):
-            samples = self.sampler.frame()
+            samples = self.samples_frame()
             reports.write_table(self.out_dir, "telemetry", samples.assign(run_id=run_id))
             reports.write_table(self.out_dir, "blocks", by_point(steps, lambda s: telemetry.block_energy(s, samples)).assign(run_id=run_id))
-        reports.write_table(self.out_dir, "correctness", [r | {"run_id": run_id} for r in self.correctness])
-        if self.phases:
-            reports.write_table(self.out_dir, "phases", [r | {"run_id": run_id} for r in self.phases])
-        if self.memory:
-            reports.write_table(self.out_dir, "memory", [r | {"run_id": run_id} for r in self.memory])
+        reports.write_table(self.out_dir, "correctness", self._with_prior("correctness", self.correctness).assign(run_id=run_id))
+        for name in ("phases", "memory"):
+            table = self._with_prior(name, getattr(self, name))
+            if len(table):
+                reports.write_table(self.out_dir, name, table.assign(run_id=run_id))
         if self.profiles:
             reports.write_table(self.out_dir, "ops", self.ops_frame().assign(run_id=run_id))
             reports.write_table(self.out_dir, "kernels", [
@@ -252,15 +282,26 @@ def recording_status(run_row: dict) -> Iterator[None]:
         run_row["ended_unix_ns"] = time.time_ns()
 
 
-def compare(config: CompareConfig, events: Events = _quiet) -> Report:
-    """Run one comparison (see module docstring) and return its Report. Raises UsageError before measuring."""
+def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = False) -> Report:
+    """Run one comparison (see module docstring) and return its Report. Raises UsageError before measuring.
+
+    resume: continue the interrupted run in config.out (resume.py): its finished units are kept, the others run;
+    a complete run is returned as it is (Report.nothing_to_do).
+    """
     if config.find_max_batch:
         raise UsageError("find_max_batch: this searches batch sizes instead of comparing; call e2eprof.maxbatch.find_max_batch")
     loaded, attn = check_before_measuring(config, config.workloads)
-    out_dir = prepare_out_dir(config)
+    prior = resume_run.load(config, loaded.source_hash) if resume else None
+    if prior is not None and prior.complete:
+        summary = reports.read_table(prior.out_dir, "summary")
+        return Report(prior.out_dir, prior.run_row["run_id"], summary, {}, prior.run_row["verdict"], nothing_to_do=True)
+    out_dir = prior.out_dir if prior is not None else prepare_out_dir(config)
     events("start", config=config, run_dir=out_dir)
 
-    run_row = new_run_row(config, loaded, model_json=None)
+    if prior is not None:
+        run_row = resume_run.restart_row(prior, reports.to_json(capture_environment(config.device)))
+    else:
+        run_row = new_run_row(config, loaded, model_json=None)
     run_id = run_row["run_id"]
     sampler = telemetry.open_sampler(config.device)  # in the parent: sampling never runs inside a timed step
     run_row["telemetry_available"] = sampler.available
@@ -270,6 +311,16 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
     else:
         events("phase", name="telemetry unavailable", detail=sampler.unavailable_reason)
     state = _RunState(out_dir, run_row, sampler)
+    if prior is not None:
+        state.prior, state.units = prior.tables, prior.units
+        for key, unit in prior.units.items():  # what the summary and the explanation need of the kept units
+            point_id, workload = key.split("/")
+            point = next(p for p in config.points if p.id == point_id)
+            if unit["timing"]:
+                state.timing[(point_id, workload)] = unit["timing"]
+            for arm, profile in unit["profiles"].items():
+                state.profiles[(point, workload, arm)] = profile
+        events("phase", name="resume", detail=f"{len(prior.units)} finished unit(s) kept: {', '.join(sorted(prior.units)) or 'none'}")
     state.flush()
     arms = _arms(config, attn)
     scratch = Path(tempfile.mkdtemp(prefix="e2eprof-scratch-"))
@@ -291,10 +342,11 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
                     if sampler.available else [])
                 if balance:
                     reports.write_table(out_dir, "balance", [r | {"run_id": run_id} for r in balance])
-                summary, verdicts = summarize(state.steps, state.correctness, config, state.failed_by_point, balance, state.timing)
+                summary, verdicts = summarize(state.all_rows("steps"), state.all_rows("correctness"), config,
+                                              state.failed_by_point, balance, state.timing)
                 _explain_into(summary, state, run_id)
                 _flag_implausible(summary, verdicts, config)
-                attach_memory(summary, state.memory)
+                attach_memory(summary, state.all_rows("memory"))
                 run_row["verdict"] = worst([v.verdict for v in verdicts.values()])  # the run's: worst over (point, workload)
                 reports.write_table(out_dir, "summary", [r | {"run_id": run_id} for r in summary])
     finally:
@@ -334,6 +386,10 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
     from one point into the next, and an out-of-memory point could leave the next one a fragmented heap.
     """
     state.begin_point(point)
+    todo = [w for w in config.workloads if resume_run.unit_key(point.id, w) not in state.units]
+    if not todo:  # every unit of this point was finished by an earlier attempt (--resume)
+        state.end_point()
+        return
     processes: dict[str, ArmProcess] = {}
     try:
         with state.phase(events, "*", "start workers and build models", ", ".join(a.name for a in arms)):
@@ -353,11 +409,13 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
             state.run_row["batch_digest"] = builds["baseline"].get("batch_digest")
             state.run_row["sites_json"] = reports.to_json(builds.get("patched", {}).get("sites"))
         events("built", builds=builds)
-        for workload in config.workloads:
+        for workload in todo:
             _run_workload(config, workload, processes, state, patch, scratch, events)
+            # Peaks per unit, so a finished unit's rows are complete when it is recorded as finished.
+            for rows in _broadcast(processes, state, "memory_peaks").values():
+                state.memory += [r for r in rows if r["workload"] == workload]
+            state.finish_unit(workload)
             state.flush()
-        for rows in _broadcast(processes, state, "memory_peaks").values():
-            state.memory += rows
     finally:
         # All at once: each worker's exit (CUDA context, torch.compile's worker pool) then overlaps the others'.
         with state.phase(events, "*", "stop workers"):
