@@ -117,7 +117,7 @@ def test_resume_of_a_complete_run_has_nothing_to_do(complete_run, capsys):
 @pytest.mark.parametrize("change, option", [(["--steps", "8"], "--steps"), (["--seed", "1"], "--seed"),
                                             (["--batch", "2"], "--batch")])
 def test_resume_with_other_options_is_refused(complete_run, change, option):
-    args, _, out = complete_run
+    args, _, _ = complete_run
     done = subprocess.run([sys.executable, "-m", "e2eprof", *args, *change, "--resume"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
