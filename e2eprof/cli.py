@@ -124,8 +124,35 @@ def _config(policy: Path | None, **options):
 
     values = load_policy(policy) if policy is not None else {}
     values.update({k: v for k, v in options.items() if v is not None})
+    if values.get("seq") is None:
+        values["seq"] = _default_seq_that_fits(values.get("model"), values.get("device", "auto"))
     return CompareConfig(**values, policy=str(policy) if policy else None,
                          command_line=shlex.join(["e2eprof", *sys.argv[1:]]))
+
+
+def _default_seq_that_fits(model: str | None, device: str) -> int | None:
+    """The device's default sequence length, or the model's position count where that is shorter.
+
+    The GPU default (1024 tokens) is GPT-2's context, but BERT has 512 positions: a user who did not ask for a length
+    should get the longest one the model takes, not an error. A --seq the user gave is never changed.
+    None: the default applies as it is (or the model cannot be read: the pre-measurement checks will say why).
+    """
+    from e2eprof.config import DeviceDefaults, resolve_device
+    from e2eprof.errors import UsageError
+    from e2eprof.workloads.models import ModelLoadError, max_positions, resolve_model
+
+    if not model:
+        return None
+    try:
+        default = DeviceDefaults.for_device(resolve_device(device)).seq
+        source = resolve_model(model)
+        limit = max_positions(source)
+    except (UsageError, ModelLoadError, OSError, ValueError):
+        return None
+    if limit is None or limit >= default:
+        return None
+    err_console.print(f"· --seq not given: {limit} tokens, {source.name}'s position count (the device default is {default})")
+    return limit
 
 
 class Terminated(KeyboardInterrupt):

@@ -105,3 +105,20 @@ def test_list(tmp_path):
     assert "fastsoftmax" in result.stdout and "builtin" in result.stdout
     assert "gpt2-tiny" in result.stdout
     assert "train, infer, generate" in result.stdout
+
+
+def test_default_seq_shrinks_to_a_model_with_fewer_positions_but_a_given_seq_is_kept(tmp_path, capsys):
+    # BERT-base has 512 positions and the GPU default is 1024 tokens: a user who did not ask for a length gets the
+    # model's longest, on any device. Here a folder model with 32 positions against the CPU default of 64.
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from e2eprof.cli import _config
+    from e2eprof.config import DeviceDefaults
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32, vocab_size=64)).save_pretrained(
+        tmp_path, safe_serialization=True)
+    assert DeviceDefaults.for_device("cpu").seq > 32
+    assert _config(None, model=str(tmp_path), patch="fastsoftmax", device="cpu", seq=None).seq == 32
+    assert "32 tokens" in capsys.readouterr().err
+    assert _config(None, model=str(tmp_path), patch="fastsoftmax", device="cpu", seq=16).seq == 16
+    assert _config(None, model="gpt2-tiny", patch="fastsoftmax", device="cpu", seq=None).seq == DeviceDefaults.for_device("cpu").seq
