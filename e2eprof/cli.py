@@ -159,8 +159,16 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the main thread is, so the run stops through the same path as Ctrl-C."""
 
 
-def _terminate(signum, frame) -> None:
-    raise Terminated()
+def _stop_once(signum, frame) -> None:
+    """The first Ctrl-C or SIGTERM stops the run; later ones are ignored until it has written its tables.
+
+    A second signal would land in the clean-up and cut the last writes short (GNU timeout sends SIGTERM to the
+    command and then to its process group, so a run gets it twice): run.parquet was left saying "running".
+    """
+    for caught in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(caught) is _stop_once:
+            signal.signal(caught, signal.SIG_IGN)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def _run(config, resume: bool = False) -> int:
@@ -176,7 +184,12 @@ def _run(config, resume: bool = False) -> int:
         print_max_batch(out_console, result)
         return 0
     # SIGTERM (a CI timeout, a job scheduler) stops the run like Ctrl-C: tables flushed, run marked interrupted.
-    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() else None
+    # Ctrl-C is taken over only where Python's own handler is in place (a background job keeps ignoring it).
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _stop_once)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            previous[signal.SIGINT] = signal.signal(signal.SIGINT, _stop_once)
     try:
         report = run_compare(config, events=events, resume=resume)
     except KeyboardInterrupt as exc:
@@ -185,8 +198,8 @@ def _run(config, resume: bool = False) -> int:
         _error_line("e2eprof: interrupted; tables written so far are kept, the run is marked interrupted")
         return 143 if isinstance(exc, Terminated) else 130  # the shell's 128 + signal number
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         events.close()
     if report.nothing_to_do:
         _error_line(f"e2eprof: run {report.run_id} in {report.run_dir} is already complete (verdict {report.overall}); "
