@@ -28,6 +28,9 @@ from e2eprof import explain, reports, stats, telemetry
 from e2eprof.arm_process import ArmFailed, ArmProcess
 from e2eprof.config import AA_ARM, CompareConfig, default_out_dir
 from e2eprof.correctness import compare_captures, op_check_rows
+from e2eprof.distributed import ranks as dp
+from e2eprof.distributed.launch import start_arm
+from e2eprof.distributed.telemetry import RankSamplers, open_rank_samplers, per_rank
 from e2eprof.env import capture_environment
 from e2eprof.errors import RunError, UsageError
 from e2eprof.patching import call_check_rows, check_model_fits
@@ -109,7 +112,7 @@ def refuse_resume(out: Path | None) -> None:
 class _RunState:
     """Everything measured so far, flushed to Parquet after each phase so nothing is lost."""
 
-    def __init__(self, out_dir: Path, run_row: dict, sampler: telemetry.TelemetrySampler):
+    def __init__(self, out_dir: Path, run_row: dict, sampler: RankSamplers):
         self.out_dir = out_dir
         self.sampler = sampler
         self.run_row = run_row
@@ -160,7 +163,7 @@ class _RunState:
         samples = self.sampler.frame() if self.sampler.available else None
         if samples is None or not len(samples) or not len(steps):
             return steps
-        return telemetry.join_steps(steps, samples)
+        return per_rank(telemetry.join_steps, steps, samples)
 
     def flush(self) -> None:
         self._stamp()
@@ -171,7 +174,7 @@ class _RunState:
         if self.sampler.available and len(steps):
             samples = self.sampler.frame()
             reports.write_table(self.out_dir, "telemetry", samples.assign(run_id=run_id))
-            reports.write_table(self.out_dir, "blocks", by_point(steps, lambda s: telemetry.block_energy(s, samples)).assign(run_id=run_id))
+            reports.write_table(self.out_dir, "blocks", by_point(steps, lambda s: per_rank(telemetry.block_energy, s, samples)).assign(run_id=run_id))
         reports.write_table(self.out_dir, "correctness", [r | {"run_id": run_id} for r in self.correctness])
         if self.phases:
             reports.write_table(self.out_dir, "phases", [r | {"run_id": run_id} for r in self.phases])
@@ -180,15 +183,15 @@ class _RunState:
         if self.profiles:
             reports.write_table(self.out_dir, "ops", self.ops_frame().assign(run_id=run_id))
             reports.write_table(self.out_dir, "kernels", [
-                k | {"workload": w, "arm": a, "run_id": run_id, **p.columns()}
-                for (p, w, a), r in self.profiles.items() for k in r["kernels"]])
+                k | {"workload": w, "arm": a, "rank": rank, "run_id": run_id, **p.columns()}
+                for (p, w, a), r in self.profiles.items() for rank, result in dp.by_rank(r) for k in result["kernels"]])
         reports.write_table(self.out_dir, "run", [self.run_row])
 
 
     def ops_frame(self) -> pd.DataFrame:
         """Every profiled (point, workload, arm)'s ops, with the point's identity columns."""
-        return pd.concat([explain.ops_frame(r, workload=w, arm=a).assign(**p.columns())
-                          for (p, w, a), r in self.profiles.items()], ignore_index=True)
+        return pd.concat([explain.ops_frame(result, workload=w, arm=a).assign(rank=rank, **p.columns())
+                          for (p, w, a), r in self.profiles.items() for rank, result in dp.by_rank(r)], ignore_index=True)
 
 
 def _arms(config: CompareConfig, attn: str) -> list[ArmSpec]:
@@ -262,7 +265,8 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
 
     run_row = new_run_row(config, loaded, model_json=None)
     run_id = run_row["run_id"]
-    sampler = telemetry.open_sampler(config.device)  # in the parent: sampling never runs inside a timed step
+    # In the parent (sampling never runs inside a timed step), one sampler per rank's GPU.
+    sampler = open_rank_samplers(config.device, config.nproc if config.launch else 1)
     run_row["telemetry_available"] = sampler.available
     run_row["telemetry_unavailable_reason"] = sampler.unavailable_reason
     if sampler.available:
@@ -292,6 +296,7 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
                 reports.write_table(out_dir, "balance", [r | {"run_id": run_id} for r in balance])
             summary, verdicts = summarize(state.steps, state.correctness, config, state.failed_by_point, balance, state.timing)
             _explain_into(summary, state, run_id)
+            dp.attach_rank_columns(summary, state.steps, state.profiles)
             attach_memory(summary, state.memory)
             run_row["verdict"] = worst([v.verdict for v in verdicts.values()])  # the run's: worst over (point, workload)
             reports.write_table(out_dir, "summary", [r | {"run_id": run_id} for r in summary])
@@ -335,11 +340,11 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
     processes: dict[str, ArmProcess] = {}
     try:
         with state.phase(events, "*", "start workers and build models", ", ".join(a.name for a in arms)):
-            for arm in arms:
-                processes[arm.name] = ArmProcess(WorkerSetup(
+            for index, arm in enumerate(arms):
+                processes[arm.name] = start_arm(WorkerSetup(
                     arm=arm, model=config.model, patch_spec=config.patch, device=config.device,
                     precision=config.precision, seed=config.seed, batch=config.batch, seq=config.seq,
-                    new_tokens=config.new_tokens, scratch_dir=str(scratch)))
+                    new_tokens=config.new_tokens, scratch_dir=str(scratch)), config.launch, index)
             builds = _broadcast(processes, state, "build")
         if "baseline" not in builds:
             failure = state.arm_failures["baseline"]
@@ -367,7 +372,9 @@ def _explain_into(summary: list[dict], state: _RunState, run_id: str) -> None:
     """Op diff and Amdahl explanation per workload from the profiles; adds prediction columns to the summary."""
     if not state.profiles:
         return
-    reports.write_table(state.out_dir, "opdiff", by_point(state.ops_frame(), explain.op_diff).assign(run_id=run_id))
+    ops = state.ops_frame()
+    # Arms are compared op by op on rank 0 (every rank runs the same ops on its own shard).
+    reports.write_table(state.out_dir, "opdiff", by_point(ops[ops["rank"] == 0], explain.op_diff).assign(run_id=run_id))
     points = {p.id: p for p, _, _ in state.profiles}
     rows = []
     for row in summary:
@@ -515,7 +522,8 @@ def _stop_reason(config, state, workload: str, blocks: int, elapsed: float) -> s
     if {(candidate, workload), ("baseline", workload)} & state.out_of_memory:
         return "out of memory"
     here = state.point.id  # rows of earlier points carry their own id; this point's may not be stamped yet
-    warm = [s for s in state.steps if s["workload"] == workload and s["phase"] == "warm" and s.get("point", here) == here]
+    warm = dp.slowest_rank([s for s in state.steps if s["workload"] == workload and s["phase"] == "warm"
+                            and s.get("point", here) == here])
     base = [(s["wall_ns"], s["block"]) for s in warm if s["arm"] == "baseline"]
     cand = [(s["wall_ns"], s["block"]) for s in warm if s["arm"] == candidate]
     if len(base) >= 2 and len(cand) >= 2:
@@ -549,6 +557,7 @@ def _correctness_gate(config, workload, processes, state, patch, scratch, live) 
             state.correctness += op_check_rows(workload, arm, result["op_checks"])
             if arm == "patched":
                 state.correctness += call_check_rows(workload, arm, result["op_checks"])
+            state.correctness += dp.rank_agreement_rows(workload, arm, result, dp.agreement_tolerance(patch, config.precision))
     if reference and "baseline" in captures:
         state.correctness += compare_captures(workload, reference["path"], captures, patch, config.precision)
 

@@ -181,11 +181,15 @@ class TrainWorkload(Workload):
         self.optimizer.zero_grad(set_to_none=True)
         ids = self._to_device(host_batch)  # (B, T)
         with self._autocast():
-            loss = self.model(**self._model_inputs(ids, labels=True)).loss
+            loss = self._forward(**self._model_inputs(ids, labels=True)).loss
         self.scaler.scale(loss).backward()  # backward outside autocast, as the autocast docs prescribe
         self.scaler.step(self.optimizer)
         self.scaler.update()
         return {}
+
+    def _forward(self, **inputs):
+        # The data-parallel workloads (distributed.py) call their wrapper here instead of the bare model.
+        return self.model(**inputs)
 
     def capture(self, host_batch: torch.Tensor) -> dict[str, torch.Tensor]:
         """{"loss": scalar, "logits": (R, V) rows (see logit_positions), "grad/<name>": each trainable parameter's
@@ -197,7 +201,7 @@ class TrainWorkload(Workload):
             with _eval_mode(self.model):
                 ids = self._to_device(host_batch)  # (B, T)
                 with self._autocast():
-                    out = self.model(**self._model_inputs(ids, labels=True))
+                    out = self._forward(**self._model_inputs(ids, labels=True))
                 # fp16: scale like the training step does, or small gradients flush to zero in half precision.
                 scale = float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
                 (out.loss * scale).backward()
@@ -306,6 +310,8 @@ class GenerateWorkload(Workload):
 
 
 WORKLOADS: dict[str, type[Workload]] = {"train": TrainWorkload, "infer": InferWorkload, "generate": GenerateWorkload}
+# train-ddp and train-fsdp subclass TrainWorkload; distributed.py adds them to WORKLOADS when imported.
+from . import distributed  # noqa: E402,F401
 
 
 def supported_workloads(architecture: str) -> tuple[str, ...]:
