@@ -95,18 +95,29 @@ class DistArmProcess(ArmProcess):
         return self._process.poll() is None
 
     def _failure(self) -> ArmFailed:
-        """The earliest rank's error if a rank raised; else which rank died with which code, as torchrun saw it."""
+        """Which rank failed first and how: the earliest rank's error when a rank raised, else the rank that died.
+
+        A rank that dies outright (a segfault, os._exit) leaves no error file, but the ranks waiting for it in a
+        collective then raise and do, so their errors are consequences. torchrun's report lists every failed rank
+        with its exit code: one that left no error file and was not stopped by torchrun itself (SIGTERM) crashed.
+        """
         try:
             code = self._process.wait(timeout=EXIT_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             code = None
         errors = sorted((json.loads(p.read_text()) for p in self._errors.glob("rank*.json")), key=lambda e: e["unix_ns"])
+        raised = {e["rank"] for e in errors}
+        crashed = [(r, c) for r, c in _failed_ranks(self._log_path) if r not in raised and c != -signal.SIGTERM]
+        if crashed:
+            rank, exit_code = crashed[0]
+            signal_note = f" (signal {-exit_code})" if exit_code < 0 else ""
+            return ArmFailed(self.name, "crash", f"rank {rank} exited with code {exit_code}{signal_note}")
         if errors:
             first = errors[0]
             # The rank goes last so an out-of-memory message still starts with its type (sweep.is_oom).
             return ArmFailed(self.name, "error", f"{first['type']}: {first['message']} (rank {first['rank']})",
                              first["traceback"])
-        return ArmFailed(self.name, "crash", _root_cause(self._log_path) or f"worker group exited with code {code}")
+        return ArmFailed(self.name, "crash", f"worker group exited with code {code}")
 
     def close(self) -> None:
         if self._conn is not None and self._alive() and not self.failed:
@@ -149,17 +160,16 @@ class DistArmProcess(ArmProcess):
         self._listener.close()
 
 
-def _root_cause(log_path: Path) -> str | None:
-    """'rank 1 exited with code 7' from torchrun's failure report in its log, or None when it printed none."""
+def _failed_ranks(log_path: Path) -> list[tuple[int, int]]:
+    """(rank, exit code) of every failure in torchrun's report in its log, its root cause first; [] if none."""
     try:
         text = log_path.read_text(errors="replace")
     except OSError:
-        return None
-    found = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text, re.S)
-    if not found:
-        return None
-    rank, code = found.groups()
-    return f"rank {rank} exited with code {code}" + (f" (signal {-int(code)})" if int(code) < 0 else "")
+        return []
+    failures, _, root = text.rpartition("Root Cause")
+    entry = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+    found = entry.findall(root) + entry.findall(failures[failures.rfind("Failures:"):]) if root else []
+    return [(int(r), int(c)) for r, c in found]
 
 
 def start_arm(setup: WorkerSetup, launch: LaunchSpec | None, arm_index: int) -> ArmProcess:

@@ -10,6 +10,7 @@ import math
 import statistics
 from collections import defaultdict
 
+import pandas as pd
 from safetensors.torch import load_file
 
 from e2eprof.correctness import PRECISION_DTYPE_NAME
@@ -33,6 +34,14 @@ def slowest_rank(steps: list[dict]) -> list[dict]:
     if len(slowest) == len(steps):
         return steps
     return list(slowest.values())
+
+
+def slowest_rank_frame(steps: pd.DataFrame) -> pd.DataFrame:
+    """slowest_rank for a steps.parquet frame (report readers: diff, render)."""
+    if "rank" not in steps or steps["rank"].nunique() <= 1:
+        return steps
+    keys = [k for k in STEP_KEY if k in steps]
+    return steps.sort_values("wall_ns", kind="stable").drop_duplicates(keys, keep="last").sort_index()
 
 
 def rank_spread(steps: list[dict], workload: str, arm: str, point: str | None = None) -> dict:
