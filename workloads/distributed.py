@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .batches import synthetic_token_batches
-from .loops import WORKLOADS, TrainWorkload
+from .loops import TrainWorkload
 
 # Far apart, so rank r's shards never reuse the seed a neighbouring run (seed + 1) gives rank 0.
 SHARD_SEED_STRIDE = 1_000_003
@@ -125,4 +125,3 @@ def rank_capture_batches(seed: int, world: int, batch: int, seq: int, vocab_size
 
 
 DISTRIBUTED_WORKLOADS = {"train-ddp": DDPTrainWorkload, "train-fsdp": FSDPTrainWorkload}
-WORKLOADS.update(DISTRIBUTED_WORKLOADS)

@@ -310,8 +310,13 @@ class GenerateWorkload(Workload):
 
 
 WORKLOADS: dict[str, type[Workload]] = {"train": TrainWorkload, "infer": InferWorkload, "generate": GenerateWorkload}
-# train-ddp and train-fsdp subclass TrainWorkload; distributed.py adds them to WORKLOADS when imported.
-from . import distributed  # noqa: E402,F401
+
+
+def all_workloads() -> dict[str, type[Workload]]:
+    """WORKLOADS (one process each) and the data-parallel ones (distributed.py: they need a process group)."""
+    from .distributed import DISTRIBUTED_WORKLOADS  # imported here: they subclass TrainWorkload
+
+    return {**WORKLOADS, **DISTRIBUTED_WORKLOADS}
 
 
 def supported_workloads(architecture: str) -> tuple[str, ...]:
@@ -325,7 +330,8 @@ def check_workloads(source: ModelSource, workloads: Sequence[str], seq: int) -> 
     Cheap (configs only, no weights), so a run can refuse before it starts any worker.
     """
     supported = supported_workloads(source.architecture)
-    unsupported = [w for w in workloads if w not in supported]
+    known = all_workloads()
+    unsupported = [w for w in workloads if w not in known or objective(source.architecture) not in known[w].objectives]
     if unsupported:
         raise ValueError(f"--workload: {source.name!r} is an encoder ({source.architecture}, masked-LM objective) and "
                          f"runs {', '.join(supported)}; {', '.join(unsupported)} needs a causal LM")
@@ -337,9 +343,10 @@ def check_workloads(source: ModelSource, workloads: Sequence[str], seq: int) -> 
 def make_workload(name: str, model: torch.nn.Module, device: torch.device | str, precision: str,
                   **options: Any) -> Workload:
     """Construct the workload registered under `name`; unknown names raise ValueError with a close match."""
-    if name not in WORKLOADS:
-        raise ValueError(f"unknown workload {name!r}{_did_you_mean(name, WORKLOADS)}; known: {', '.join(WORKLOADS)}")
-    return WORKLOADS[name](model, device, precision, **options)
+    known = all_workloads()
+    if name not in known:
+        raise ValueError(f"unknown workload {name!r}{_did_you_mean(name, known)}; known: {', '.join(known)}")
+    return known[name](model, device, precision, **options)
 
 
 @contextlib.contextmanager
