@@ -355,6 +355,8 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
             state.run_row["model_json"] = reports.to_json(builds["baseline"]["model"])
             state.run_row["batch_digest"] = builds["baseline"].get("batch_digest")
             state.run_row["sites_json"] = reports.to_json(builds.get("patched", {}).get("sites"))
+            # Data-parallel arms: each rank's pid, device and GPU UUID (single-process builds have no "ranks").
+            state.run_row["ranks_json"] = reports.to_json({a: b["ranks"] for a, b in builds.items() if "ranks" in b})
         events("built", builds=builds)
         for workload in config.workloads:
             _run_workload(config, workload, processes, state, patch, scratch, events)

@@ -293,3 +293,16 @@ def test_failed_ranks_read_from_torchruns_report(tmp_path):
     log.write_text("no failure here\n")
     assert _failed_ranks(log) == []
     assert _failed_ranks(tmp_path / "missing.log") == []
+
+
+def test_nccl_runs_with_nvlink_multicast_off_unless_the_user_says(monkeypatch, tmp_path):
+    from e2eprof.distributed import ENV_BACKEND
+    from e2eprof.distributed.launch import launch_env
+
+    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+    env = launch_env("cuda", ("127.0.0.1", 1234), b"k", tmp_path)
+    assert env["NCCL_NVLS_ENABLE"] == "0" and env[ENV_BACKEND] == "nccl"
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    assert launch_env("cuda", ("127.0.0.1", 1234), b"k", tmp_path)["NCCL_NVLS_ENABLE"] == "1"
+    cpu = launch_env("cpu", ("127.0.0.1", 1234), b"k", tmp_path)
+    assert cpu[ENV_BACKEND] == "gloo"
