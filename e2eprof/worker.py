@@ -290,7 +290,7 @@ class ArmWorker:
 
     def memory_peaks(self) -> list[dict]:
         """Peak device and host memory per (workload, phase) so far in this process."""
-        return [row | {"arm": self.setup.arm.name} for row in self.memory.rows()]
+        return [row | {"arm": self.setup.arm.name, "rank": self.rank} for row in self.memory.rows()]
 
     def probe(self, batch: int, workloads: list[str]) -> dict:
         """Does one step of each workload run at this batch (at the setup's seq)? Out of memory is an answer here."""

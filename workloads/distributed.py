@@ -82,6 +82,8 @@ def shard_model(model: torch.nn.Module, device: torch.device) -> None:
         from torch.distributed._composable.fsdp import FSDPModule, fully_shard
     from torch.distributed.device_mesh import init_device_mesh
 
+    # A torch.compile'd model (the compile arm) is sharded inside its wrapper, which then compiles the sharded model.
+    model = getattr(model, "_orig_mod", model)
     if isinstance(model, FSDPModule):
         return
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
