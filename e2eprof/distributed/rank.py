@@ -146,7 +146,9 @@ def main() -> None:
         dist.broadcast_object_list(setup, src=0, group=control)
         serve(RankWorker(setup[0], rank, world, local_rank, control), conn, control)
     except BaseException as exc:  # noqa: BLE001 - reported through the errors folder; torchrun stops the group
-        _write_error(os.environ[ENV_ERRORS], rank, exc)
+        if ENV_ERRORS in os.environ:  # unset on another node's ranks: torchrun's own report has to do there
+            _write_error(os.environ[ENV_ERRORS], rank, exc)
+        traceback.print_exc()  # into torchrun's log
         os._exit(1)
     if conn is not None:
         try:
