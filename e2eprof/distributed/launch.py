@@ -167,7 +167,7 @@ def _failed_ranks(log_path: Path) -> list[tuple[int, int]]:
     except OSError:
         return []
     failures, _, root = text.rpartition("Root Cause")
-    entry = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+    entry = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
     found = entry.findall(root) + entry.findall(failures[failures.rfind("Failures:"):]) if root else []
     return [(int(r), int(c)) for r, c in found]
 
