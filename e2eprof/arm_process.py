@@ -30,6 +30,7 @@ class ArmProcess:
         self._process.start()
         child_conn.close()
         self.failed: ArmFailed | None = None
+        self._close_requested = False
 
     def send(self, command: str, **kwargs) -> None:
         if self.failed:
@@ -73,10 +74,21 @@ class ArmProcess:
         self.failed = self._failure()
         raise self.failed
 
-    def close(self) -> None:
+    def request_close(self) -> None:
+        """Ask the worker to revert and exit, without waiting: a run closes every arm at once."""
         if self._process.is_alive() and not self.failed:
             try:
                 self._conn.send(("close", {}))
+            except (BrokenPipeError, EOFError, OSError):
+                pass
+            else:
+                self._close_requested = True
+
+    def close(self) -> None:
+        if not self._close_requested:
+            self.request_close()
+        if self._close_requested:
+            try:
                 if self._conn.poll(10):
                     self._conn.recv()
             except (BrokenPipeError, EOFError, OSError):

@@ -70,7 +70,7 @@ def compare(
     aa: Annotated[bool, typer.Option("--aa", help="A/A calibration: time the baseline against a second identical baseline; must show no difference.")] = False,
     out: Annotated[Optional[Path], typer.Option(help="Report directory (default reports/<UTC time>-<model>-<patch>/).")] = None,
     force: Annotated[bool, typer.Option(help="Overwrite an existing report directory.")] = False,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run in --out (not supported yet: says what that run completed).")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run in --out with the same options: finished (point, workload) units are kept, the rest run again from their start.")] = False,
     profile: Annotated[bool, typer.Option(help="Per-op profiling phase after timing.")] = True,
     trace: Annotated[bool, typer.Option(help="Also write a gzipped Chrome trace per arm and workload (size-capped).")] = False,
     microbench: Annotated[bool, typer.Option(help="After timing, microbenchmark the replaced op alone on the shapes the model called it with (microbench/<point>/microbench.parquet).")] = False,
@@ -81,10 +81,6 @@ def compare(
     rdzv_endpoint: Annotated[Optional[str], typer.Option(help="HOST:PORT where a data-parallel run's ranks meet (arm i uses PORT+i; default: a free local port).")] = None,
 ) -> int:
     """Time baseline, patched and stock-reference arms of a model's real loops; check correctness; sign off."""
-    if resume:
-        from e2eprof.runner import refuse_resume
-
-        refuse_resume(out)
     references = _split(reference)
     config = _config(
         policy, model=model, patch=patch, device=device,
@@ -97,7 +93,7 @@ def compare(
         out=out, force=force, profile=profile, trace=trace, microbench=microbench,
         nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
     )
-    return _run(config)
+    return _run(config, resume=resume)
 
 
 @app.command()
@@ -145,7 +141,7 @@ def _terminate(signum, frame) -> None:
     raise Terminated()
 
 
-def _run(config) -> int:
+def _run(config, resume: bool = False) -> int:
     from e2eprof.console import ConsoleEvents, print_summary
     from e2eprof.runner import compare as run_compare
 
@@ -160,7 +156,7 @@ def _run(config) -> int:
     # SIGTERM (a CI timeout, a job scheduler) stops the run like Ctrl-C: tables flushed, run marked interrupted.
     previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() else None
     try:
-        report = run_compare(config, events=events)
+        report = run_compare(config, events=events, resume=resume)
     except KeyboardInterrupt as exc:
         # Handled here, not left to main(): typer turns an escaping KeyboardInterrupt into a bare exit code 130.
         events.close()
@@ -170,6 +166,10 @@ def _run(config) -> int:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         events.close()
+    if report.nothing_to_do:
+        _error_line(f"e2eprof: run {report.run_id} in {report.run_dir} is already complete (verdict {report.overall}); "
+                    f"nothing to resume")
+        return report.exit_code
     print_summary(out_console, report.summary, report.verdicts, report.run_dir)
     return report.exit_code
 

@@ -117,7 +117,8 @@ def _positive(x: float) -> bool:
     return math.isfinite(x) and x > 0
 
 
-def explain(workload: str, baseline: Any, patched: Any, measured_speedup: float, *, top: int = 3) -> dict:
+def explain(workload: str, baseline: Any, patched: Any, measured_speedup: float, *, top: int = 3,
+            measured_low: float = math.nan) -> dict:
     """Amdahl prediction from the two arms' profiles next to the measured speedup, and the cause of any gap.
 
     baseline / patched: ProfileResult or its dict. measured_speedup: baseline step time / patched step time.
@@ -125,7 +126,9 @@ def explain(workload: str, baseline: Any, patched: Any, measured_speedup: float,
     s = baseline replaced / patched replaced, predicted = amdahl(f, s), bound = amdahl_bound(f).
 
     cause, first that applies:
-      implausible   measured > bound * 1.02: more gain than the whole region held; suspicious.
+      implausible   measured > bound * 1.02: more gain than the whole region held; suspicious. With
+                    `measured_low` (the speedup interval's lower bound) the interval must clear it, so noise alone
+                    never makes a gain implausible (the verdict then says IMPLAUSIBLE_GAIN).
       survives      measured within max(1 %, 25 % of the predicted gain) of predicted, with f >= 0.05;
       dilution      ... the same, but f < 0.05: the win is real and the rest of the step dilutes it.
     otherwise (a gap):
@@ -161,7 +164,8 @@ def explain(workload: str, baseline: Any, patched: Any, measured_speedup: float,
     # Evidence for each rule.
     tolerance = max(SURVIVES_ABS, SURVIVES_REL * abs(predicted - 1.0))
     within = math.isfinite(measured) and abs(measured - predicted) <= tolerance
-    implausible = math.isfinite(measured) and measured > bound * IMPLAUSIBLE_MARGIN
+    surely = float(measured_low) if math.isfinite(measured_low) else measured  # the gain the interval is sure of
+    implausible = math.isfinite(surely) and surely > bound * IMPLAUSIBLE_MARGIN
     outside_growth = (p_total - p_rep) - (b_total - b_rep)
     side_effects = math.isfinite(outside_growth) and outside_growth > SIDE_EFFECT_SHARE * b_total
     b_fwd, b_bwd = _num(baseline, f"replaced_fwd_{basis}_us"), _num(baseline, f"replaced_bwd_{basis}_us")

@@ -124,6 +124,18 @@ def _map_tensors(args: tuple, skip: int, fn) -> tuple:
     return tuple(a if i < skip or not isinstance(a, torch.Tensor) else fn(a) for i, a in enumerate(args))
 
 
+def _holds_values(value) -> bool:
+    """False for a meta tensor (shape and dtype only), or a tuple holding one: there is nothing to compare."""
+    items = _tensor_items(value)
+    if items is not None:
+        return all(_holds_values(v) for v in items)
+    return not (isinstance(value, torch.Tensor) and value.is_meta)
+
+
+# Findings after which the model cannot go on with the replacement's output (a later op would raise on it).
+UNUSABLE = ("output_device", "output_shape")
+
+
 def _identical(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same dtype, shape and bits (NaN equal to NaN at the same position)."""
     a, b = a.detach().as_subclass(torch.Tensor), b.detach().as_subclass(torch.Tensor)
@@ -187,6 +199,8 @@ def _layout_findings(out, stock) -> dict[str, str]:
         return found
     if out.device != stock.device:
         found["output_device"] = f"{out.device} != stock {stock.device}"
+        if out.is_meta:
+            return found  # no values to look at
     elif out.stride() != stock.stride():
         found["output_strides"] = f"{out.stride()} != stock {stock.stride()}"
     if not same_special_values(out, stock):
@@ -281,11 +295,18 @@ class CallRecorder:
         with torch.no_grad():
             stock, reference = self._expected(args, kwargs)
             self._compare(check, out, stock, reference)
-            for metric, detail in _layout_findings(out, stock).items():
+            findings = _layout_findings(out, stock)
+            for metric, detail in findings.items():
                 check.add_finding(metric, detail)
             self._check_repeatable(check, args, kwargs, out, before)
             self._check_fresh_contents(check, args, kwargs, inputs, [b if i not in mutated else None
                                                                       for i, b in enumerate(before)])
+        if any(metric in findings for metric in UNUSABLE):
+            # The model's next op would raise on this output (another device, another shape), and the arm would
+            # then fail as a crash, losing the precise finding just recorded. Hand the model the stock output
+            # instead, so the capture finishes and the report names the check. Recomputed outside no_grad: a
+            # train capture backpropagates through it. This changes nothing in the verdict: the finding fails it.
+            return self.original(*args, **kwargs)
         return out
 
     def _expected(self, args: tuple, kwargs: dict):
@@ -304,6 +325,8 @@ class CallRecorder:
         if items is not None:
             return self._tuple_agreement(out, items, _tensor_items(reference))
         floor = self.patch.tolerance_for(str(getattr(stock, "dtype", "")).removeprefix("torch."))
+        if type(out) is torch.Tensor and isinstance(stock, torch.Tensor) and out.device != stock.device:
+            return _other_device_agreement(out, stock, reference, floor, self.patch.error_factor)
         return compare_to_reference(out, stock, reference, floor=floor, factor=self.patch.error_factor)
 
     def _tuple_agreement(self, out, stock: list, reference: list | None) -> Agreement:
@@ -333,8 +356,8 @@ class CallRecorder:
         Catches kernels that read uninitialised or out-of-bounds memory, race, or key results on an address.
         """
         outs = _tensor_items(out) or [out]  # a tuple output (attention) is compared element by element
-        if not any(isinstance(o, torch.Tensor) for o in outs):
-            return
+        if not any(isinstance(o, torch.Tensor) for o in outs) or not _holds_values(out):
+            return  # a meta output has no bits to repeat (output_device already failed it)
         copies = iter([b.clone() for b in before])
         again = self.target(*_map_tensors(args, self.skip, lambda _: next(copies)),
                             **{k: next(copies) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
@@ -377,6 +400,18 @@ class CallRecorder:
             for problem in result.problems:
                 if problem not in check.problems:
                     check.problems.append(problem)
+
+
+def _other_device_agreement(out: torch.Tensor, stock: torch.Tensor, reference, floor: float, factor: float) -> Agreement:
+    """A failed agreement for an output on another device, with its values judged on the stock output's device.
+
+    Comparing across devices would raise (and a crash would hide the finding); a meta output has no values at all.
+    """
+    where = f"device {out.device} != stock {stock.device}"
+    if out.is_meta:
+        return Agreement(False, math.inf, math.nan, floor, [f"{where}: the output holds no values"])
+    result = compare_to_reference(out.to(stock.device), stock, reference, floor=floor, factor=factor)
+    return Agreement(False, result.patched_error, result.stock_error, result.tolerance, [where, *result.problems])
 
 
 _ABSENT = object()  # _Change.previous of an attribute that did not exist: revert deletes it
@@ -595,6 +630,10 @@ def apply_patch(patch: Patch, model: torch.nn.Module | None = None, *, passthrou
         config = getattr(model, "config", None)
         check_model_fits(patch, getattr(config, "model_type", ""), getattr(config, "_attn_implementation", None))
     resolved = [(target, *_resolve(target)) for target in patch.targets]
+    if model is not None:
+        # The model's own modeling module's targets first: when two targets resolve to one class (nn.LayerNorm as
+        # modeling_gpt2 and modeling_bert see it), the model's instances are counted under its own target.
+        resolved.sort(key=lambda r: r[0].partition(":")[0] != type(model).__module__)
     applied = AppliedPatch(patch, recorders=[], sites=[], _changes=[])
     try:
         for target, module, parts, objects in resolved:
@@ -667,9 +706,12 @@ def _apply_class(applied: AppliedPatch, target: str, module, parts: list[str], o
     # Passthrough: the recorder calls the stock forward, and only stock instances are instrumented.
     recorder = CallRecorder(applied.patch, original.forward, passthrough, target=replacement.forward, method=True)
     count = 0
+    # An instance an earlier target of this patch already took is counted once, by that target: two targets can
+    # resolve to one class (nn.LayerNorm as two modeling modules see it), or share one replacement subclass.
+    taken = {id(c.owner) for c in applied._changes if c.attribute == "forward"}
     if model is not None:
         for sub in model.modules():
-            if type(sub) not in ((original,) if passthrough else (original, replacement)):
+            if type(sub) not in ((original,) if passthrough else (original, replacement)) or id(sub) in taken:
                 continue
             if "forward" in vars(sub):
                 # The instance attribute would run instead of the replacement's forward: nothing would change.

@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from e2eprof import explain, reports, stats, telemetry
+from e2eprof import resume as resume_run
 from e2eprof.arm_process import ArmFailed, ArmProcess
 from e2eprof.config import AA_ARM, CompareConfig, default_out_dir
 from e2eprof.correctness import compare_captures, op_check_rows
@@ -35,9 +36,9 @@ from e2eprof.env import capture_environment
 from e2eprof.errors import RunError, UsageError
 from e2eprof.patching import call_check_rows, check_model_fits
 from e2eprof.registry import LoadedPatch, load_patch
-from e2eprof.summary import attach_memory, summarize
+from e2eprof.summary import attach_memory, summarize, verdict_key
 from e2eprof.sweep import SweepPoint, by_point, is_oom, oom_row, stamp
-from e2eprof.verdict import EXIT_CODES, Verdict, worst
+from e2eprof.verdict import EXIT_CODES, Verdict, flag_implausible, worst
 from e2eprof.worker import ArmSpec, WorkerSetup, scratch_path
 from e2eprof.workloads.loops import check_workloads
 from e2eprof.workloads.models import ModelLoadError, resolve_model
@@ -62,6 +63,7 @@ class Report:
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     overall: str = "INCONCLUSIVE"
     status: str = "complete"
+    nothing_to_do: bool = False  # --resume of a run that was already complete
 
     @property
     def exit_code(self) -> int:
@@ -101,14 +103,6 @@ def run_progress(out: Path) -> str:
     return text
 
 
-def refuse_resume(out: Path | None) -> None:
-    """--resume is not implemented yet: refuse, naming what the earlier run completed (exit 2)."""
-    if out is None or not (Path(out) / "run.parquet").exists():
-        raise UsageError("--resume needs --out pointing at an earlier run's report directory")
-    raise UsageError(f"--resume: continuing a run is not supported yet; {out} holds {run_progress(Path(out))}. "
-                     f"Rerun with --force to start over")
-
-
 class _RunState:
     """Everything measured so far, flushed to Parquet after each phase so nothing is lost."""
 
@@ -128,6 +122,10 @@ class _RunState:
         self.failed_by_point: dict[str, set[str]] = {}
         self.out_of_memory: set[tuple[str, str]] = set()  # (arm, workload) that ran out of memory at this point
         self._stamped = {"steps": 0, "correctness": 0, "phases": 0, "memory": 0}
+        # --resume: rows of the units an earlier attempt finished, kept as written (resume.py), and those units
+        # with what the tables cannot hold (why timing stopped, profiles), recorded in run.parquet's resume_json.
+        self.prior: dict[str, pd.DataFrame] = {}
+        self.units: dict[str, dict] = {}
 
     def begin_point(self, point: SweepPoint) -> None:
         self.point = point
@@ -137,7 +135,12 @@ class _RunState:
     def end_point(self) -> None:
         """Stamp this point's rows and keep which arms failed for real (running out of memory is not a failure)."""
         self._stamp()
-        self.failed_by_point[self.point.id] = {a for a, f in self.arm_failures.items() if not is_oom(f)}
+        failed = {a for a, f in self.arm_failures.items() if not is_oom(f)}
+        prior = self.prior.get("correctness")
+        if prior is not None and len(prior):  # arms that failed in this point's units an earlier attempt finished
+            mine = prior[(prior["point"] == self.point.id) & (prior["metric"] == "arm_failed")]
+            failed |= set(mine["arm"])
+        self.failed_by_point[self.point.id] = failed
 
     def _stamp(self) -> None:
         """Every row recorded since the last stamp was measured at the current point: give it the identity columns."""
@@ -158,12 +161,39 @@ class _RunState:
                                 "seconds": (end - start) / 1e9})
 
     def steps_frame(self) -> pd.DataFrame:
-        """Steps joined with the telemetry samples that fall inside each step (clocks, temperature, throttling)."""
+        """Steps joined with the telemetry samples that fall inside each step (clocks, temperature, throttling).
+
+        Kept steps of an earlier attempt come first, as written (joined with that attempt's samples).
+        """
         steps = pd.DataFrame(self.steps)
         samples = self.sampler.frame() if self.sampler.available else None
-        if samples is None or not len(samples) or not len(steps):
-            return steps
-        return per_rank(telemetry.join_steps, steps, samples)
+        if samples is not None and len(samples) and len(steps):
+            steps = per_rank(telemetry.join_steps, steps, samples)
+        return self._with_prior("steps", steps)
+
+    def _with_prior(self, name: str, rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
+        frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+        prior = self.prior.get(name)
+        if prior is None or not len(prior):
+            return frame
+        if not len(frame):
+            return prior
+        return pd.concat([prior, frame.assign(run_id=self.run_row["run_id"])], ignore_index=True)
+
+    def all_rows(self, name: str) -> list[dict]:
+        """Kept rows of an earlier attempt, then this attempt's (steps, correctness, memory), for the summary."""
+        prior = self.prior.get(name)
+        return (prior.to_dict("records") if prior is not None else []) + getattr(self, name)
+
+    def samples_frame(self) -> pd.DataFrame:
+        return self._with_prior("telemetry", self.sampler.frame())
+
+    def finish_unit(self, workload: str) -> None:
+        """This (point, workload) is done: recorded with its rows in the next flush, kept by a --resume."""
+        timing = self.timing.get((self.point.id, workload))
+        profiles = {a: r for (p, w, a), r in self.profiles.items() if p == self.point and w == workload}
+        self.units[resume_run.unit_key(self.point.id, workload)] = {"timing": timing, "profiles": profiles}
+        self.run_row["resume_json"] = reports.to_json(self.units)
 
     def flush(self) -> None:
         self._stamp()
@@ -172,14 +202,14 @@ class _RunState:
         steps = self.steps_frame()
         reports.write_table(self.out_dir, "steps", steps.assign(run_id=run_id) if len(steps) else [])
         if self.sampler.available and len(steps):
-            samples = self.sampler.frame()
+            samples = self.samples_frame()
             reports.write_table(self.out_dir, "telemetry", samples.assign(run_id=run_id))
             reports.write_table(self.out_dir, "blocks", by_point(steps, lambda s: per_rank(telemetry.block_energy, s, samples)).assign(run_id=run_id))
-        reports.write_table(self.out_dir, "correctness", [r | {"run_id": run_id} for r in self.correctness])
-        if self.phases:
-            reports.write_table(self.out_dir, "phases", [r | {"run_id": run_id} for r in self.phases])
-        if self.memory:
-            reports.write_table(self.out_dir, "memory", [r | {"run_id": run_id} for r in self.memory])
+        reports.write_table(self.out_dir, "correctness", self._with_prior("correctness", self.correctness).assign(run_id=run_id))
+        for name in ("phases", "memory"):
+            table = self._with_prior(name, getattr(self, name))
+            if len(table):
+                reports.write_table(self.out_dir, name, table.assign(run_id=run_id))
         if self.profiles:
             reports.write_table(self.out_dir, "ops", self.ops_frame().assign(run_id=run_id))
             reports.write_table(self.out_dir, "kernels", [
@@ -255,15 +285,26 @@ def recording_status(run_row: dict) -> Iterator[None]:
         run_row["ended_unix_ns"] = time.time_ns()
 
 
-def compare(config: CompareConfig, events: Events = _quiet) -> Report:
-    """Run one comparison (see module docstring) and return its Report. Raises UsageError before measuring."""
+def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = False) -> Report:
+    """Run one comparison (see module docstring) and return its Report. Raises UsageError before measuring.
+
+    resume: continue the interrupted run in config.out (resume.py): its finished units are kept, the others run;
+    a complete run is returned as it is (Report.nothing_to_do).
+    """
     if config.find_max_batch:
         raise UsageError("find_max_batch: this searches batch sizes instead of comparing; call e2eprof.maxbatch.find_max_batch")
     loaded, attn = check_before_measuring(config, config.workloads)
-    out_dir = prepare_out_dir(config)
+    prior = resume_run.load(config, loaded.source_hash) if resume else None
+    if prior is not None and prior.complete:
+        summary = reports.read_table(prior.out_dir, "summary")
+        return Report(prior.out_dir, prior.run_row["run_id"], summary, {}, prior.run_row["verdict"], nothing_to_do=True)
+    out_dir = prior.out_dir if prior is not None else prepare_out_dir(config)
     events("start", config=config, run_dir=out_dir)
 
-    run_row = new_run_row(config, loaded, model_json=None)
+    if prior is not None:
+        run_row = resume_run.restart_row(prior, reports.to_json(capture_environment(config.device)))
+    else:
+        run_row = new_run_row(config, loaded, model_json=None)
     run_id = run_row["run_id"]
     # In the parent (sampling never runs inside a timed step), one sampler per rank's GPU.
     sampler = open_rank_samplers(config.device, config.nproc if config.launch else 1)
@@ -274,6 +315,16 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
     else:
         events("phase", name="telemetry unavailable", detail=sampler.unavailable_reason)
     state = _RunState(out_dir, run_row, sampler)
+    if prior is not None:
+        state.prior, state.units = prior.tables, prior.units
+        for key, unit in prior.units.items():  # what the summary and the explanation need of the kept units
+            point_id, workload = key.split("/")
+            point = next(p for p in config.points if p.id == point_id)
+            if unit["timing"]:
+                state.timing[(point_id, workload)] = unit["timing"]
+            for arm, profile in unit["profiles"].items():
+                state.profiles[(point, workload, arm)] = profile
+        events("phase", name="resume", detail=f"{len(prior.units)} finished unit(s) kept: {', '.join(sorted(prior.units)) or 'none'}")
     state.flush()
     arms = _arms(config, attn)
     scratch = Path(tempfile.mkdtemp(prefix="e2eprof-scratch-"))
@@ -289,17 +340,20 @@ def compare(config: CompareConfig, events: Events = _quiet) -> Report:
                     with state.phase(events, "*", f"microbench {point.id}"):
                         _microbench_phase(config.at(point), point, state)
             sampler.stop()
-            balance = (by_point(state.steps_frame(), lambda steps: telemetry.arm_balance(
-                steps, clock_tolerance=config.clock_tolerance, temp_tolerance_c=config.temp_tolerance_c)).to_dict("records")
-                if sampler.available else [])
-            if balance:
-                reports.write_table(out_dir, "balance", [r | {"run_id": run_id} for r in balance])
-            summary, verdicts = summarize(state.steps, state.correctness, config, state.failed_by_point, balance, state.timing)
-            _explain_into(summary, state, run_id)
-            dp.attach_rank_columns(summary, state.steps, state.profiles)
-            attach_memory(summary, state.memory)
-            run_row["verdict"] = worst([v.verdict for v in verdicts.values()])  # the run's: worst over (point, workload)
-            reports.write_table(out_dir, "summary", [r | {"run_id": run_id} for r in summary])
+            with state.phase(events, "*", "summary and tables"):
+                balance = (by_point(state.steps_frame(), lambda steps: telemetry.arm_balance(
+                    steps, clock_tolerance=config.clock_tolerance, temp_tolerance_c=config.temp_tolerance_c)).to_dict("records")
+                    if sampler.available else [])
+                if balance:
+                    reports.write_table(out_dir, "balance", [r | {"run_id": run_id} for r in balance])
+                summary, verdicts = summarize(state.all_rows("steps"), state.all_rows("correctness"), config,
+                                              state.failed_by_point, balance, state.timing)
+                _explain_into(summary, state, run_id)
+                dp.attach_rank_columns(summary, state.all_rows("steps"), state.profiles)
+                _flag_implausible(summary, verdicts, config)
+                attach_memory(summary, state.all_rows("memory"))
+                run_row["verdict"] = worst([v.verdict for v in verdicts.values()])  # the run's: worst over (point, workload)
+                reports.write_table(out_dir, "summary", [r | {"run_id": run_id} for r in summary])
     finally:
         sampler.stop()
         state.flush()
@@ -337,6 +391,10 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
     from one point into the next, and an out-of-memory point could leave the next one a fragmented heap.
     """
     state.begin_point(point)
+    todo = [w for w in config.workloads if resume_run.unit_key(point.id, w) not in state.units]
+    if not todo:  # every unit of this point was finished by an earlier attempt (--resume)
+        state.end_point()
+        return
     processes: dict[str, ArmProcess] = {}
     try:
         with state.phase(events, "*", "start workers and build models", ", ".join(a.name for a in arms)):
@@ -358,14 +416,20 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
             # Data-parallel arms: each rank's pid, device and GPU UUID (single-process builds have no "ranks").
             state.run_row["ranks_json"] = reports.to_json({a: b["ranks"] for a, b in builds.items() if "ranks" in b})
         events("built", builds=builds)
-        for workload in config.workloads:
+        for workload in todo:
             _run_workload(config, workload, processes, state, patch, scratch, events)
+            # Peaks per unit, so a finished unit's rows are complete when it is recorded as finished.
+            for rows in _broadcast(processes, state, "memory_peaks").values():
+                state.memory += [r for r in rows if r["workload"] == workload]
+            state.finish_unit(workload)
             state.flush()
-        for rows in _broadcast(processes, state, "memory_peaks").values():
-            state.memory += rows
     finally:
-        for process in processes.values():
-            process.close()
+        # All at once: each worker's exit (CUDA context, torch.compile's worker pool) then overlaps the others'.
+        with state.phase(events, "*", "stop workers"):
+            for process in processes.values():
+                process.request_close()
+            for process in processes.values():
+                process.close()
         state.end_point()
         state.flush()
 
@@ -389,13 +453,29 @@ def _explain_into(summary: list[dict], state: _RunState, run_id: str) -> None:
         base = state.profiles.get((point, row["workload"], "baseline"))
         if row["arm"] != "patched" or not profile or not base:
             continue
-        result = explain.explain(row["workload"], base, profile, row.get("speedup_vs_baseline", math.nan))
+        result = explain.explain(row["workload"], base, profile, row.get("speedup_vs_baseline", math.nan),
+                                 measured_low=row.get("ci_low", math.nan))
         rows.append({**point.columns(), "workload": row["workload"], **{k: v for k, v in result.items() if not isinstance(v, (list, dict))},
                      "grown_ops": reports.to_json(result.get("grown_ops")), "run_id": run_id})
         row.update(replaced_share=result["f"], replaced_speedup=result["s"], predicted_speedup=result["predicted"],
                    amdahl_bound=result["bound"], cause=result["cause"], cause_detail=result["detail"])
     if rows:
         reports.write_table(state.out_dir, "explain", rows)
+
+
+def _flag_implausible(summary: list[dict], verdicts: dict, config: CompareConfig) -> None:
+    """A step gain beyond the Amdahl bound (explain's cause "implausible") reaches the verdict as IMPLAUSIBLE_GAIN."""
+    points = {p.id: p for p in config.points}
+    for row in summary:
+        if row.get("cause") != "implausible" or row.get("verdict") is None:
+            continue
+        key = verdict_key(config, points[row["point"]], row["workload"])
+        sure = row["ci_low"] if math.isfinite(row.get("ci_low", math.nan)) else row["speedup_vs_baseline"]
+        detail = (f"the step gained at least {sure:.3f}x, but the replaced region ({row['replaced_share']:.1%} of the "
+                  f"baseline step) allows at most {row['amdahl_bound']:.3f}x: work skipped or moved off the clock, "
+                  f"or the profile's range misses calls")
+        verdicts[key] = flag_implausible(verdicts[key], detail)
+        row.update(verdict=verdicts[key].verdict, reasons=",".join(verdicts[key].reasons), advice=verdicts[key].advice)
 
 
 def _broadcast(processes: dict[str, ArmProcess], state: _RunState, command: str, **kwargs) -> dict[str, dict]:
@@ -457,6 +537,7 @@ def _run_workload(config, workload, processes, state, patch, scratch, events) ->
                     and (a, workload) not in SITS_OUT]
     before = {a: _call(processes, state, a, "counters") for a in live()}
     first_step = len(state.steps)  # this workload's steps are state.steps[first_step:]
+    patched_live = "patched" in live()
 
     with state.phase(events, workload, "cold step"):
         for arm in live():
@@ -464,6 +545,8 @@ def _run_workload(config, workload, processes, state, patch, scratch, events) ->
 
     with state.phase(events, workload, "correctness"):
         _correctness_gate(config, workload, processes, state, patch, scratch, live)
+        if patched_live and "patched" not in live():  # failed in its cold step or in the gate's capture
+            _diagnose_failure(workload, processes, state, scratch)
 
     with state.phase(events, workload, "warm-up"):
         for arm in live():
@@ -483,7 +566,7 @@ def _run_workload(config, workload, processes, state, patch, scratch, events) ->
 
     if config.profile:
         with state.phase(events, workload, "profile",
-                         f"{config.profile_warmup} warm-up + {config.profile_steps} active steps per arm"):
+                         "{} warm-up + {} active steps per arm".format(*profile_steps_for(config, workload))):
             _profile_arms(config, workload, processes, state, patch, live)
 
 
@@ -564,6 +647,26 @@ def _correctness_gate(config, workload, processes, state, patch, scratch, live) 
         state.correctness += compare_captures(workload, reference["path"], captures, patch, config.precision)
 
 
+def _diagnose_failure(workload, processes, state, scratch) -> None:
+    """The patched arm raised before its checks ran: run its verified capture anyway, to say why.
+
+    An output the model cannot use (on another device, of another shape) makes the model's next op raise in the
+    cold step, before any per-call check; the verified call records such a finding and hands the model the stock
+    output, so this capture usually finishes and names the check (output_device, ...) next to the arm_failed row.
+    A worker that died, or a kernel that raises again, tells nothing more: the arm_failed row stands alone.
+    """
+    failure = state.arm_failures.get("patched")
+    if failure is None or failure.kind != "error" or is_oom(failure):
+        return
+    try:
+        result = processes["patched"].call("capture", workload=workload, verify=True,
+                                           path=scratch_path(str(scratch), "patched", workload, "diagnosis"))
+    except ArmFailed:
+        return
+    state.correctness += op_check_rows(workload, "patched", result["op_checks"])
+    state.correctness += call_check_rows(workload, "patched", result["op_checks"])
+
+
 def _revalidate(config, workload, processes, state, patch, scratch) -> None:
     """After timing, check the patched arm once more: a kernel right during the gate but wrong later fails here.
 
@@ -602,14 +705,27 @@ def thread_rows(workload: str, steps: list[dict]) -> list[dict]:
              "detail": f"threads still running at the end of timed steps: patched {left['patched']}, baseline {stock}"}]
 
 
+def profile_steps_for(config: CompareConfig, workload: str) -> tuple[int, int]:
+    """(warm-up, active) profiled steps for a workload.
+
+    One generate step is new_tokens forward passes, each with the module ranges and shapes the profiler records:
+    on the H200 the default 2 + 3 steps of a 32-token decode took 110 s over three arms, a quarter of the whole
+    run. One warm-up and one active step already hold new_tokens calls of every op, so decoding gets at most that.
+    """
+    if workload == "generate":
+        return min(config.profile_warmup, 1), min(config.profile_steps, 1)
+    return config.profile_warmup, config.profile_steps
+
+
 def _profile_arms(config, workload, processes, state, patch, live) -> None:
     # The compiled arm is left out: module ranges would break its graphs, so its profile could not be attributed,
     # and profiling it re-traces the model (over a minute for generate on the H200). Its device time per step is
     # in steps.parquet all the same.
+    warmup, active = profile_steps_for(config, workload)
     for arm in [a for a in live() if a != "compile"]:
         trace = str(state.out_dir / f"trace-{workload}-{arm}.json.gz") if config.trace else None
-        result = _call(processes, state, arm, "profile", {"workload": workload, "warmup": config.profile_warmup,
-                                                            "active": config.profile_steps, "trace_path": trace})
+        result = _call(processes, state, arm, "profile", {"workload": workload, "warmup": warmup,
+                                                            "active": active, "trace_path": trace})
         if result is None:
             continue
         state.profiles[(state.point, workload, arm)] = result["result"]

@@ -4,7 +4,8 @@ PASS: correct, the custom kernel ran (and not in the baseline), and faster than 
 margin with the confidence interval's lower bound above 1 + margin.
 FAIL: incorrect, the kernel did not run, the baseline was contaminated, the patched arm failed, or it is
 significantly slower (the whole interval below 1).
-INCONCLUSIVE: everything else, with what would settle it.
+INCONCLUSIVE: everything else, with what would settle it; also a would-be PASS whose step gain exceeds what the
+replaced region could give (IMPLAUSIBLE_GAIN, see flag_implausible).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ THERMAL_IMBALANCE = "THERMAL_IMBALANCE"
 THROTTLED = "THROTTLED"
 NOT_SIGNIFICANT_AFTER_CORRECTION = "NOT_SIGNIFICANT_AFTER_CORRECTION"
 AA_FALSE_ALARM = "AA_FALSE_ALARM"
+IMPLAUSIBLE_GAIN = "IMPLAUSIBLE_GAIN"
 
 MIN_SAMPLES = 6
 
@@ -145,6 +147,21 @@ def decide_aa(*, correct: bool, arm_failed: bool, n_baseline: int, n_patched: in
         return Verdict(INCONCLUSIVE, [NO_SIGNIFICANT_DIFFERENCE, *imbalance, *notes],
                        f"{agree}, wider than the {max(target_half_width, min_speedup) * 100:g}% target: raise --steps or --budget")
     return Verdict(PASS, [NO_SIGNIFICANT_DIFFERENCE, *imbalance, *notes], agree)
+
+
+def flag_implausible(verdict: Verdict, detail: str) -> Verdict:
+    """The step gained more than the replaced region held (explain's Amdahl bound): IMPLAUSIBLE_GAIN.
+
+    Such a gain is no win to sign off: something other than the kernel changed (work skipped or moved off the
+    clock, a timing artefact, a profile range that misses calls). A PASS becomes INCONCLUSIVE; any other verdict
+    keeps its severity and gains the reason, so CI pipelines can match on it either way.
+    """
+    if IMPLAUSIBLE_GAIN in verdict.reasons:
+        return verdict
+    advice = f"{detail}; {verdict.advice}" if verdict.advice else detail
+    if verdict.verdict == PASS:
+        return Verdict(INCONCLUSIVE, [IMPLAUSIBLE_GAIN, *verdict.reasons], advice)
+    return Verdict(verdict.verdict, [*verdict.reasons, IMPLAUSIBLE_GAIN], advice)
 
 
 def worst(verdicts: list[str]) -> str:

@@ -48,6 +48,7 @@ class DistArmProcess(ArmProcess):
     def __init__(self, setup: WorkerSetup, launch: LaunchSpec, arm_index: int):
         self.name = setup.arm.name
         self.failed: ArmFailed | None = None
+        self._close_requested = False
         self._setup = setup
         self._conn = None
         self._authkey = secrets.token_bytes(32)
@@ -119,10 +120,21 @@ class DistArmProcess(ArmProcess):
                              first["traceback"])
         return ArmFailed(self.name, "crash", f"worker group exited with code {code}")
 
-    def close(self) -> None:
+    def request_close(self) -> None:
+        """Ask rank 0 to close the group, without waiting (a group that never connected has nothing to ask)."""
         if self._conn is not None and self._alive() and not self.failed:
             try:
                 self._conn.send(("close", {}))
+            except (BrokenPipeError, EOFError, OSError):
+                pass
+            else:
+                self._close_requested = True
+
+    def close(self) -> None:
+        if not self._close_requested:
+            self.request_close()
+        if self._close_requested:
+            try:
                 if self._conn.poll(10):
                     self._conn.recv()
             except (BrokenPipeError, EOFError, OSError):

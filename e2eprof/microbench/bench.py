@@ -14,7 +14,8 @@ Row columns (one row per spec x impl x pass): impl replacement / eager (the stoc
 / compile (torch.compile of the stock op, mode default, static shapes); median_us, p10_us, p90_us and the raw
 samples_us; compile_s = host seconds of the impl's first call in that pass (torch.compile's compilation, Triton's
 JIT and autotuning), never part of the timed trials; bytes (see op_bytes), bandwidth_gbs = bytes / median,
-roofline_share = bandwidth / copy_gbs (device-to-device copy measured in the same run); error, tolerance, passed,
+roofline_share = bandwidth / copy_gbs (device-to-device copy measured in the same run); floor_share, plausible,
+plausibility: the bandwidth floor (plausibility.py: a row faster than a copy fails); error, tolerance, passed,
 detail (why it failed or was not run); speedup_vs_eager / speedup_vs_compile = their median / the replacement's,
 only where both passed.
 """
@@ -33,7 +34,8 @@ import torch
 import torch.utils.deterministic  # noqa: F401  (poisoned_allocations sets its flag; not imported by torch itself everywhere)
 
 from e2eprof.microbench.capture import CallSpec, TensorSpec, dtype_name
-from e2eprof.microbench.timing import Samples, Timer
+from e2eprof.microbench.plausibility import judge_bandwidth
+from e2eprof.microbench.timing import Samples, Timer, copy_rates
 from e2eprof.patch import Patch
 from e2eprof.patching import CallRecorder
 from e2eprof.tensorcheck import compare_to_reference
@@ -351,12 +353,28 @@ def bench_spec(patch: Patch, spec: CallSpec, timer: Timer, *, trials: int, warmu
     return rows
 
 
-def add_derived(frame: pd.DataFrame, copy_gbs: float) -> pd.DataFrame:
-    """Bandwidth, roofline share and speedups, all derived from the raw columns in one place."""
+def add_derived(frame: pd.DataFrame, copy_gbs: float, copy_ceiling_gbs: float | None = None,
+                cache_bytes: int = 0) -> pd.DataFrame:
+    """Bandwidth, roofline share, the bandwidth-floor flag and speedups, derived from the raw columns in one place.
+
+    copy_ceiling_gbs: the copy's bandwidth at its fastest trials (default copy_gbs); a timed row moving its bytes
+    faster than that (plausibility.py) is flagged `plausible` False and fails, so no speedup is claimed for it.
+    """
     frame = frame.copy()
     frame["bandwidth_gbs"] = frame["bytes"] / frame["median_us"] / 1e3  # bytes per microsecond / 1e3 = GB/s
     frame["copy_gbs"] = copy_gbs
     frame["roofline_share"] = frame["bandwidth_gbs"] / copy_gbs
+    judged = [judge_bandwidth(b, slow, copy_ceiling_gbs or copy_gbs, cache_bytes)
+              for b, slow in zip(frame["bytes"].astype(float), frame["p90_us"].astype(float))]
+    frame["floor_share"] = [j.share for j in judged]
+    frame["plausible"] = pd.array([j.plausible for j in judged], dtype="boolean")
+    frame["plausibility"] = [j.reason for j in judged]
+    implausible = frame["plausible"].eq(False).fillna(False).astype(bool)
+    if implausible.any():
+        frame["passed"] = frame["passed"].astype("boolean")
+        frame.loc[implausible, "passed"] = False
+        frame.loc[implausible, "detail"] = [f"{d}; {r}" if isinstance(d, str) and d else r
+                                            for d, r in zip(frame.loc[implausible, "detail"], frame.loc[implausible, "plausibility"])]
     frame["speedup_vs_eager"] = math.nan
     frame["speedup_vs_compile"] = math.nan
     passed = frame["passed"].fillna(False).astype(bool)
@@ -389,7 +407,7 @@ def run_microbench(patch: Patch, shapes: Sequence[CallSpec], device: str, *, tri
     # A private RNG stream: the caller's random state is left as it was.
     with torch.random.fork_rng(devices=[cuda_index] if timer.cuda else []):
         torch.manual_seed(seed)
-        copy_gbs = timer.copy_gbs(trials)
+        copy_gbs, copy_ceiling_gbs = copy_rates(timer.copy_samples(trials), timer.copy_bytes)
         for i, spec in enumerate(shapes, 1):
             if spec.module is not None:
                 spec = replace(spec, device=str(dev), module=spec.module.to(dev))
@@ -406,4 +424,4 @@ def run_microbench(patch: Patch, shapes: Sequence[CallSpec], device: str, *, tri
     frame["passed"] = frame["passed"].astype("boolean")  # True / False / <NA> (not run)
     frame.insert(0, "patch", patch.name)
     frame["device"] = str(dev)
-    return add_derived(frame, copy_gbs)
+    return add_derived(frame, copy_gbs, copy_ceiling_gbs, timer.cache_bytes)

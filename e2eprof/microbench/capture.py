@@ -57,7 +57,14 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
+        """Bytes of distinct memory: a broadcast (stride-0) dimension is stored once, and read from memory once.
+
+        Counting every element of an expanded mask would overstate the bytes an op must move, and with them its
+        bandwidth (a lower bound is what the bandwidth-floor check needs).
+        """
+        if 0 in self.shape:
+            return 0
+        return math.prod(n for n, step in zip(self.shape, self.stride) if step != 0) * self.dtype.itemsize
 
     def describe(self) -> str:
         text = f"{dtype_name(self.dtype)}[{','.join(map(str, self.shape))}]"

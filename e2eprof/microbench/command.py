@@ -155,6 +155,13 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None or pd.isna(value) else format(value, spec)
 
 
+def _roofline(row) -> str:
+    """The roofline share, marked when the row moves its bytes faster than a copy can (the bandwidth floor)."""
+    text = _fmt(row.roofline_share, ".0%")
+    flag = row.get("plausible")
+    return text + " > copy!" if flag is not None and not pd.isna(flag) and not flag else text
+
+
 def print_table(console, table: pd.DataFrame, path: Path) -> None:
     """One line per model call and pass (replacement vs eager vs compile); the sweep summarised in two lines."""
     from rich.table import Table
@@ -176,7 +183,7 @@ def print_table(console, table: pd.DataFrame, path: Path) -> None:
         correct = "-" if pd.isna(row.passed) else ("yes" if row.passed else "no: " + str(row.detail)[:60])
         out.add_row(workload, row["shape"], f"{row.dtype_in}->{row.dtype_out}", pass_name, str(row.calls_per_step),
                     _fmt(medians.get("replacement"), ".1f"), _fmt(medians.get("eager"), ".1f"),
-                    _fmt(medians.get("compile"), ".1f"), _fmt(row.roofline_share, ".0%"),
+                    _fmt(medians.get("compile"), ".1f"), _roofline(row),
                     _fmt(row.speedup_vs_eager, ".2f"), _fmt(row.speedup_vs_compile, ".2f"), correct)
     console.print(out)
     sweep = table[(table.source == "sweep") & (table.impl == "replacement")]

@@ -18,6 +18,7 @@ import torch
 from e2eprof.gpu_spin import spin_cycles
 
 COPY_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}  # roofline buffer: 1 GiB on a GPU, 64 MiB (past any CPU cache)
+CPU_CACHE_BYTES = 32 << 20  # a generous last-level cache: an op moving less may run from cache, past the DRAM roofline
 
 
 @dataclass(frozen=True)
@@ -49,9 +50,12 @@ class Timer:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.flush_bytes = 0
+        # Bytes a cache may hold between an op's reads and writes: below this the copy roofline is no ceiling.
+        self.cache_bytes = CPU_CACHE_BYTES
         if self.cuda:
             l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
             self.flush_bytes = max(2 * l2, 8 << 20)
+            self.cache_bytes = l2
             self._flush = torch.empty(self.flush_bytes, dtype=torch.uint8, device=self.device)
             self._cushion_cycles = spin_cycles(self.device, CUSHION_US)
 
@@ -100,9 +104,22 @@ class Timer:
 
     def copy_gbs(self, trials: int, nbytes: int | None = None) -> float:
         """Device-to-device copy bandwidth in GB/s (bytes read + written), timed like the ops: the roofline."""
-        nbytes = nbytes or COPY_BYTES.get(self.device.type, COPY_BYTES["cpu"])
+        return copy_rates(self.copy_samples(trials, nbytes), nbytes or self.copy_bytes)[0]
+
+    @property
+    def copy_bytes(self) -> int:
+        return COPY_BYTES.get(self.device.type, COPY_BYTES["cpu"])
+
+    def copy_samples(self, trials: int, nbytes: int | None = None) -> Samples:
+        """Raw times of a device-to-device copy of `nbytes` (default copy_bytes), timed like the ops."""
+        nbytes = nbytes or self.copy_bytes
         src = torch.empty(nbytes, dtype=torch.uint8, device=self.device).random_()
         dst = torch.empty_like(src)
         copy = dst.copy_  # bound once: the buffers are freed when this method returns
-        samples = self.measure(lambda: (lambda: copy(src)), trials, warmup=3)
-        return 2 * nbytes / samples.median / 1e3  # bytes per microsecond / 1e3 = GB/s
+        return self.measure(lambda: (lambda: copy(src)), trials, warmup=3)
+
+
+def copy_rates(samples: Samples, nbytes: int) -> tuple[float, float]:
+    """(median, fastest-decile) copy bandwidth in GB/s from a copy's samples: the roofline and its noisy upper edge."""
+    moved = 2 * nbytes  # read + written
+    return moved / samples.median / 1e3, moved / samples.p10 / 1e3  # bytes per microsecond / 1e3 = GB/s

@@ -1,5 +1,10 @@
 """Named custom ops `e2eprof::fastgelu` and `e2eprof::fastgelu_backward`, with dispatch and autograd.
 
+Both GELUs share the ops, told apart by an `approximate` argument as in torch.nn.functional.gelu: "tanh" (GPT-2's
+gelu_new, the default here, as this op began as that) or "none" (the exact erf GELU, BERT's). One op pair keeps the
+dispatch, layout and autograd code in one place; the device kernels keep distinct names (_gelu_fwd_tanh, _gelu_fwd_erf)
+so a profile still says which one ran.
+
 Named ops (not a bare autograd.Function) so profiler traces, opcheck and torch.compile see one opaque op per call.
 Dispatch: CUDA tensors run the Triton kernels; CPU tensors run cpu.py unless E2EPROF_FASTGELU_IMPL=triton forces
 the Triton kernels (meaningful only under TRITON_INTERPRET=1; used by tests). There is deliberately no fallback to
@@ -19,6 +24,7 @@ import torch
 
 from .._dispatch import TRITON_AVAILABLE, choose_impl
 from . import cpu
+from .cpu import APPROXIMATIONS
 
 IMPL_ENV = "E2EPROF_FASTGELU_IMPL"
 
@@ -45,6 +51,11 @@ def _check_float(name: str, dtype: torch.dtype) -> None:
         raise TypeError(f"e2eprof::fastgelu: {name} must be a floating dtype, got {dtype}")
 
 
+def _check_approximate(approximate: str) -> None:
+    if approximate not in APPROXIMATIONS:
+        raise ValueError(f"e2eprof::fastgelu: approximate must be one of {APPROXIMATIONS}, got {approximate!r}")
+
+
 def _stock_strides(t: torch.Tensor) -> tuple[int, ...]:
     """The strides torch's elementwise ops give a new result computed from `t`."""
     return _elementwise_strides(tuple(t.shape), t.stride())
@@ -66,56 +77,61 @@ def _flat_in(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
     return t.as_strided((t.numel(),), (1,))
 
 
-@torch.library.custom_op("e2eprof::fastgelu", mutates_args=(), schema="(Tensor x, ScalarType? out_dtype) -> Tensor")
-def _fastgelu_op(x: torch.Tensor, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+@torch.library.custom_op("e2eprof::fastgelu", mutates_args=(),
+                         schema='(Tensor x, ScalarType? out_dtype, str approximate="tanh") -> Tensor')
+def _fastgelu_op(x: torch.Tensor, out_dtype: Optional[torch.dtype], approximate: str = "tanh") -> torch.Tensor:
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_float("x", x.dtype)
     _check_float("out_dtype", out_dtype)
+    _check_approximate(approximate)
     impl = _choose_impl(x)
     strides = _stock_strides(x)
     x1d = _flat_in(x, strides)  # (N,)
     if impl == "triton":
-        y1d = _triton_kernels().gelu_forward(x1d, out_dtype)
+        y1d = _triton_kernels().gelu_forward(x1d, out_dtype, approximate)
     else:
-        y1d = cpu.gelu_forward(x1d, out_dtype)
+        y1d = cpu.gelu_forward(x1d, out_dtype, approximate)
     IMPL_CALLS[f"{impl}.fwd"] += 1
     return y1d.as_strided(x.shape, strides)
 
 
 @_fastgelu_op.register_fake
-def _fastgelu_fake(x: torch.Tensor, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+def _fastgelu_fake(x: torch.Tensor, out_dtype: Optional[torch.dtype], approximate: str = "tanh") -> torch.Tensor:
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_float("x", x.dtype)
     _check_float("out_dtype", out_dtype)
+    _check_approximate(approximate)
     return torch.neg(x).to(out_dtype)  # metadata only: an elementwise op's result layout, as the real op returns
 
 
 @torch.library.custom_op(
     "e2eprof::fastgelu_backward",
     mutates_args=(),
-    schema="(Tensor grad_out, Tensor x, ScalarType dx_dtype) -> Tensor",
+    schema='(Tensor grad_out, Tensor x, ScalarType dx_dtype, str approximate="tanh") -> Tensor',
 )
-def _fastgelu_backward_op(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torch.dtype) -> torch.Tensor:
-    _check_backward_args(grad_out, x, dx_dtype)
+def _fastgelu_backward_op(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torch.dtype,
+                          approximate: str = "tanh") -> torch.Tensor:
+    _check_backward_args(grad_out, x, dx_dtype, approximate)
     impl = _choose_impl(x)
     strides = _stock_strides(x)
     dy1d = _flat_in(grad_out, strides)  # (N,)
     x1d = _flat_in(x, strides)  # (N,)
     if impl == "triton":
-        dx1d = _triton_kernels().gelu_backward(dy1d, x1d, dx_dtype)
+        dx1d = _triton_kernels().gelu_backward(dy1d, x1d, dx_dtype, approximate)
     else:
-        dx1d = cpu.gelu_backward(dy1d, x1d, dx_dtype)
+        dx1d = cpu.gelu_backward(dy1d, x1d, dx_dtype, approximate)
     IMPL_CALLS[f"{impl}.bwd"] += 1
     return dx1d.as_strided(x.shape, strides)
 
 
 @_fastgelu_backward_op.register_fake
-def _fastgelu_backward_fake(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torch.dtype) -> torch.Tensor:
-    _check_backward_args(grad_out, x, dx_dtype)
+def _fastgelu_backward_fake(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torch.dtype,
+                            approximate: str = "tanh") -> torch.Tensor:
+    _check_backward_args(grad_out, x, dx_dtype, approximate)
     return torch.neg(x).to(dx_dtype)
 
 
-def _check_backward_args(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torch.dtype) -> None:
+def _check_backward_args(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torch.dtype, approximate: str) -> None:
     if grad_out.shape != x.shape:
         raise ValueError(f"grad_out {tuple(grad_out.shape)} and x {tuple(x.shape)} must have the same shape")
     if grad_out.device != x.device:
@@ -123,10 +139,12 @@ def _check_backward_args(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torc
     _check_float("grad_out", grad_out.dtype)
     _check_float("x", x.dtype)
     _check_float("dx_dtype", dx_dtype)
+    _check_approximate(approximate)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    x, _out_dtype = inputs
+    x, _out_dtype, approximate = inputs
+    ctx.approximate = approximate
     # Backward recomputes GELU'(x) from x: saving x (not intermediates) is what keeps the activation memory at one
     # tensor, where the stock chain keeps several.
     ctx.save_for_backward(x)
@@ -134,25 +152,30 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_out):
     (x,) = ctx.saved_tensors
-    return torch.ops.e2eprof.fastgelu_backward(grad_out, x, x.dtype), None
+    return torch.ops.e2eprof.fastgelu_backward(grad_out, x, x.dtype, ctx.approximate), None, None
 
 
 _fastgelu_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def fastgelu(x: torch.Tensor, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """GELU, tanh approximation (transformers' `gelu_new`), of `x`, written as `out_dtype` (default: x.dtype).
+def fastgelu(x: torch.Tensor, out_dtype: Optional[torch.dtype] = None, approximate: str = "tanh") -> torch.Tensor:
+    """GELU of `x`, written as `out_dtype` (default: x.dtype).
+
+    approximate: "tanh" (transformers' `gelu_new`, GPT-2's) or "none" (the exact erf GELU, transformers' `gelu`,
+    BERT's), as in torch.nn.functional.gelu; the default is "tanh", not torch's "none".
 
     Calls `torch.ops.e2eprof.fastgelu`: reads x in its own dtype, computes in fp32 (fp64 for fp64 input on the CPU
     implementation). Differentiable; the gradient has x's dtype. The result has the layout the stock op would give.
     """
-    return torch.ops.e2eprof.fastgelu(x, out_dtype)
+    return torch.ops.e2eprof.fastgelu(x, out_dtype, approximate)
 
 
-def reference_gelu(x: torch.Tensor) -> torch.Tensor:
-    """Trusted fp64 reference: torch's own tanh-approximation GELU on x.double(), returned as float64.
+def reference_gelu(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+    """Trusted fp64 reference: torch's own GELU on x.double(), returned as float64.
 
-    torch.nn.functional.gelu(approximate="tanh") is an implementation independent of both ours and the transformers
-    chain being replaced, and the same formula. Differentiable, so it also gives fp64 reference gradients.
+    torch.nn.functional.gelu is an implementation independent of ours and of the transformers code being replaced
+    (for "tanh" a chain of elementwise ops), with the same formula. Differentiable, so it also gives fp64 reference
+    gradients.
     """
-    return torch.nn.functional.gelu(x.double(), approximate="tanh")
+    _check_approximate(approximate)
+    return torch.nn.functional.gelu(x.double(), approximate=approximate)

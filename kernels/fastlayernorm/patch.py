@@ -1,9 +1,11 @@
-"""Model-facing side of fastlayernorm: GPT-2's nn.LayerNorm modules (ln_1, ln_2 per block, ln_f), declared as a patch.
+"""Model-facing side of fastlayernorm: the nn.LayerNorm modules of GPT-2 (ln_1, ln_2 per block, ln_f) and BERT
+(embeddings, attention output and FFN output per layer, the MLM head's transform), declared as a patch.
 
-GPT-2 builds its norms as `nn.LayerNorm(hidden_size, eps=config.layer_norm_epsilon)` through modeling_gpt2's own
-`nn` name. The patch is a class target on that name: the engine replaces `nn.LayerNorm` only as modeling_gpt2 sees
-it (through a proxy of torch.nn, so torch.nn.LayerNorm stays stock for the rest of the process) and swaps the class
-of the model's existing LayerNorm instances to FastLayerNorm, 2 * n_layer + 1 of them; revert puts both back.
+Both build their norms as `nn.LayerNorm(hidden_size, eps=...)` through their modeling module's own `nn` name. The
+patch has a class target on each of those names: the engine replaces `nn.LayerNorm` only as modeling_gpt2 and
+modeling_bert see it (through a proxy of torch.nn, so torch.nn.LayerNorm stays stock for the rest of the process)
+and swaps the class of the model's existing LayerNorm instances to FastLayerNorm (GPT-2: 2 * n_layer + 1 of them;
+BERT: 2 * n_layer + 2), counted under the model's own target, the other counting zero; revert puts all back.
 
 Output dtype: layer_norm is on autocast's fp32 list on CUDA (under bf16 autocast GPT-2's norms read the fp32
 residual stream and write fp32), and without autocast it follows the input (CPU accepts bf16 input with fp32
@@ -62,11 +64,11 @@ def layer_norm_reference(module: torch.nn.LayerNorm, input: torch.Tensor) -> tor
 
 PATCH = Patch(
     name="fastlayernorm",
-    description="Triton LayerNorm (one pass forward, one pass backward with atomic-free dweight/dbias) in GPT-2",
-    targets=("transformers.models.gpt2.modeling_gpt2:nn.LayerNorm",),
+    description="Triton LayerNorm (one pass forward, one pass backward with atomic-free dweight/dbias) in GPT-2 and BERT",
+    targets=("transformers.models.gpt2.modeling_gpt2:nn.LayerNorm", "transformers.models.bert.modeling_bert:nn.LayerNorm"),
     replacement=FastLayerNorm,
     reference=layer_norm_reference,
-    architectures=("gpt2",),
+    architectures=("gpt2", "bert"),
     implementations=lambda: dict(IMPL_CALLS),
     kernel_names=("_layernorm_fwd", "_layernorm_bwd"),
     # Relative-norm floors by output dtype: a few units of the dtype's rounding; the row statistics are fp32, so

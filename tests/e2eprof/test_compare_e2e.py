@@ -152,3 +152,37 @@ def test_microbench_phase_times_the_op_on_the_models_own_shapes(tiny_run):
     assert timed.passed.all() and (timed.median_us > 0).all()
     phases = pd.read_parquet(out / "phases.parquet")
     assert phases.phase.str.startswith("microbench").any()
+
+
+def test_phases_account_for_the_run_from_workers_to_tables(tiny_run):
+    # Stopping the workers and writing the summary are phases too, so a run's wall time is attributed, not guessed.
+    _, out = tiny_run
+    phases = pd.read_parquet(out / "phases.parquet")
+    assert {"start workers and build models", "stop workers", "summary and tables"} <= set(phases.phase)
+    run = pd.read_parquet(out / "run.parquet").iloc[0]
+    wall = (run.ended_unix_ns - run.started_unix_ns) / 1e9
+    covered = (phases.end_unix_ns.max() - phases.start_unix_ns.min()) / 1e9
+    assert covered <= wall and phases.seconds.sum() >= 0.8 * wall, (phases.seconds.sum(), wall)
+    profiled = phases[phases.phase == "profile"].set_index("workload")
+    assert profiled.loc["generate", "seconds"] > 0
+
+
+def test_bert_inference_with_fastgelu_runs_the_erf_kernel_and_passes_the_gate(tmp_path):
+    # Issue 7: BERT's exact (erf) GELU replaced by fastgelu, end to end on the CPU.
+    out = tmp_path / "report"
+    result = run_cli("compare", "--model", "bert-tiny", "--patch", "fastgelu", "--workload", "infer", "--device", "cpu",
+                     "--steps", "6", "--block-steps", "2", "--microbench", "--out", str(out))
+    assert result.returncode in (0, 3), result.stdout + result.stderr  # correct and ran: PASS or INCONCLUSIVE
+    assert "Traceback" not in result.stderr
+    # Progress goes to stderr. One GELU per layer (2) and one in the MLM head's transform.
+    assert "patch replaced 3 site(s)" in result.stderr
+    checks = pd.read_parquet(out / "correctness.parquet")
+    calls = checks[checks.metric == "custom_kernel_calls"].set_index("arm")
+    assert calls.loc["patched", "value"] > 0 and "cpu.fwd" in calls.loc["patched", "detail"]
+    assert (calls.drop(index="patched").value == 0).all()
+    patched = checks[checks.arm == "patched"]
+    assert patched.passed.all(), patched[~patched.passed]
+    ops = patched[patched.metric == "op_rel_error_vs_fp64"]
+    assert len(ops) >= 1 and (ops.value <= ops.tolerance).all()  # every call judged against the erf reference
+    ran = checks.query("metric == 'microbench_ran'")
+    assert len(ran) == 1 and ran.value.iloc[0] == 1.0, ran.detail.tolist()

@@ -105,3 +105,14 @@ def test_usage_error_is_a_value_error_with_exit_code_2():
 def test_suggest():
     assert suggest("trian", WORKLOAD_NAMES) == " (did you mean 'train'?)"
     assert suggest("zzzz", WORKLOAD_NAMES) == ""
+
+
+def test_decoding_is_profiled_over_one_step_after_one_warm_up_step():
+    from e2eprof.runner import profile_steps_for
+
+    config = CompareConfig(model="gpt2-tiny", patch="fastsoftmax", device="cpu", profile_warmup=2, profile_steps=3)
+    assert profile_steps_for(config, "train") == (2, 3)
+    assert profile_steps_for(config, "infer") == (2, 3)
+    assert profile_steps_for(config, "generate") == (1, 1)
+    none = CompareConfig(model="gpt2-tiny", patch="fastsoftmax", device="cpu", profile_warmup=0, profile_steps=1)
+    assert profile_steps_for(none, "generate") == (0, 1)

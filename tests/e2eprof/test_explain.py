@@ -7,7 +7,10 @@ import math
 import pandas as pd
 import pytest
 
+from e2eprof.config import CompareConfig
 from e2eprof.explain import amdahl, amdahl_bound, explain, op_diff
+from e2eprof.runner import _flag_implausible
+from e2eprof.verdict import FAIL, FASTER, IMPLAUSIBLE_GAIN, INCONCLUSIVE, PASS, Verdict
 
 
 def _ops_frame(rows):
@@ -154,3 +157,34 @@ def test_explain_without_a_baseline_region_says_so():
     result = explain("train", _profile(1000.0, 0.0, 0.0), _profile(1000.0, 0.0, 0.0), 1.0)
     assert result["f"] == 0.0 and result["cause"] == "dilution"
     assert "no time in the replaced region" in result["detail"]
+
+
+def test_explain_implausible_needs_the_whole_interval_beyond_the_bound():
+    patched = _profile(900.0, 60.0, 40.0)  # bound 1.25
+    assert explain("train", BASE, patched, 1.4, measured_low=1.2)["cause"] != "implausible"  # noise may explain it
+    assert explain("train", BASE, patched, 1.4, measured_low=1.3)["cause"] == "implausible"
+
+
+@pytest.mark.parametrize("before, after", [
+    (Verdict(PASS, [FASTER]), INCONCLUSIVE),  # a gain the region cannot hold is never signed off
+    (Verdict(INCONCLUSIVE, ["BELOW_MARGIN"]), INCONCLUSIVE),
+    (Verdict(FAIL, ["INCORRECT"]), FAIL),
+])
+def test_an_implausible_gain_reaches_the_verdict_as_a_reason_code(before, after):
+    config = CompareConfig(model="gpt2-tiny", patch="fastsoftmax", device="cpu", workloads=("train", "infer"))
+    point = config.points[0]
+    result = explain("train", BASE, _profile(900.0, 60.0, 40.0), 1.4, measured_low=1.3)
+    fine = explain("infer", BASE, _profile(900.0, 60.0, 40.0), 1.10, measured_low=1.08)
+
+    def row(workload, measured, low, result):
+        return {"point": point.id, "workload": workload, "arm": "patched", "speedup_vs_baseline": measured,
+                "ci_low": low, "verdict": before.verdict, "reasons": ",".join(before.reasons), "advice": "",
+                "replaced_share": result["f"], "amdahl_bound": result["bound"], "cause": result["cause"]}
+
+    summary = [row("train", 1.4, 1.3, result), row("infer", 1.10, 1.08, fine)]
+    verdicts = {"train": before, "infer": before}
+    _flag_implausible(summary, verdicts, config)
+    assert verdicts["train"].verdict == after and IMPLAUSIBLE_GAIN in verdicts["train"].reasons
+    assert summary[0]["verdict"] == after and IMPLAUSIBLE_GAIN in summary[0]["reasons"].split(",")
+    assert "at most 1.250x" in verdicts["train"].advice
+    assert verdicts["infer"] is before and summary[1]["reasons"] == ",".join(before.reasons)

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from e2eprof.microbench import capture_shapes, run_microbench
-from e2eprof.microbench.bench import poisoned_allocations
+from e2eprof.microbench.bench import add_derived, poisoned_allocations
+from e2eprof.microbench.capture import TensorSpec
+from e2eprof.microbench.plausibility import judge_bandwidth
 from e2eprof.registry import load_patch
 from e2eprof.workloads.models import PRESETS
 
@@ -195,3 +197,51 @@ def test_cli_refuses_an_existing_report_without_force(tmp_path):
     (out / "microbench.parquet").write_bytes(b"earlier")
     done = e2eprof([*SMALL, "--out", str(out)], tmp_path)
     assert done.returncode == 2 and "--force" in done.stderr
+
+
+# ---- the bandwidth floor ----------------------------------------------------------------------------------------
+GIB = 2**30
+
+
+@pytest.mark.parametrize("slow_us, expected", [
+    (1e6 / 100, True),  # 1 GiB in 10 ms against a 100 GiB/s-ish copy: at the ceiling, within the margin
+    (1e6 / 100 * 0.9, False),  # 11% faster than the fastest copy: skipped work or a wrong byte count
+    (1e6 / 100 * 0.97, True),  # 3% over: measurement jitter, inside the 5% margin
+])
+def test_bandwidth_floor_judges_the_slow_trials_against_the_fast_copies(slow_us, expected):
+    ceiling = GIB / 1e4 / 1e3 * 1.0  # GB/s at which 1 GiB takes exactly 1e4 us
+    judged = judge_bandwidth(GIB, slow_us, ceiling, cache_bytes=64 << 20)
+    assert judged.plausible is expected, judged
+    assert judged.share == pytest.approx(1e4 / slow_us)
+    if not expected:
+        assert "faster than the bandwidth floor" in judged.reason
+
+
+def test_bandwidth_floor_leaves_cache_sized_and_untimed_ops_unjudged():
+    small = judge_bandwidth(1 << 20, 1.0, 10.0, cache_bytes=32 << 20)  # 100x the ceiling, but 1 MiB fits in cache
+    assert small.plausible is None and small.share > 50 and "cache" in small.reason
+    assert judge_bandwidth(GIB, float("nan"), 10.0, cache_bytes=0).plausible is None
+
+
+def test_an_implausible_row_fails_and_claims_no_speedup(softmax_table):
+    """The real table's timings against a copy ceiling set just under what its replacement rows achieved."""
+    timed = softmax_table[(softmax_table.impl == "replacement") & softmax_table.median_us.notna()].iloc[0]
+    ceiling = timed.bytes / timed.p90_us / 1e3 / 1.5  # the replacement looks 1.5x faster than any copy
+    raw = softmax_table.drop(columns=["bandwidth_gbs", "copy_gbs", "roofline_share", "floor_share", "plausible",
+                                      "plausibility", "speedup_vs_eager", "speedup_vs_compile"])
+    frame = add_derived(raw, ceiling, ceiling, cache_bytes=0)
+    row = frame.loc[timed.name]
+    assert row.plausible is not pd.NA and not row.plausible
+    assert not row.passed and "faster than the bandwidth floor" in row.detail
+    assert pd.isna(row.speedup_vs_eager)
+    # The same table judged against its own measured copy: every replacement row that was timed stays plausible,
+    # or is left unjudged because gpt2-tiny's tensors fit in a CPU cache.
+    assert not softmax_table.plausible.eq(False).fillna(False).any()
+    assert (softmax_table.loc[softmax_table.median_us.notna(), "plausibility"] != "not timed").all()
+
+
+def test_broadcast_inputs_count_their_memory_once():
+    expanded = torch.zeros(16, 16).expand(8, 1, 16, 16)  # (B, 1, T, S) mask, stride 0 over the batch
+    spec = TensorSpec.of(expanded)
+    assert spec.nbytes == 16 * 16 * 4
+    assert TensorSpec.of(torch.zeros(8, 1, 16, 16)).nbytes == 8 * 16 * 16 * 4

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from e2eprof.cli import main
 from e2eprof.correctness import op_check_rows
@@ -35,6 +36,7 @@ class Rogue:
     file: str
     caught_by: str  # the correctness metric that must fail
     only: bool  # every other per-call check passes: this check alone catches the trick
+    needs_cuda: bool = False  # misbehaves only on a GPU: tests/gpu/test_rogues_cuda.py runs it
 
     def __str__(self) -> str:
         return self.file
@@ -51,6 +53,8 @@ GALLERY = [
     Rogue("subclass_output.py", "output_not_plain_tensor", False),
     Rogue("wrong_dtype.py", "output_dtype", False),
     Rogue("wrong_strides.py", "output_strides", False),
+    Rogue("meta_output.py", "output_device", False),  # the values check fails too: there are none
+    Rogue("wrong_device.py", "output_device", False, needs_cuda=True),
     # Not "only": whether the model's own calls or the repeat on copies also hit a cached address depends on where
     # the allocator puts each tensor, so other checks may catch it too (seen in a clean-venv CI run).
     Rogue("stale_cache.py", "stale_output", False),
@@ -99,8 +103,13 @@ def failed(rows: list[dict]) -> set[str]:
     return {r["metric"] for r in rows if not r["passed"]}
 
 
-@pytest.mark.parametrize("rogue", [r for r in GALLERY if r.caught_by == VALUE or r.caught_by in CALL_CHECK_METRICS],
-                         ids=str)
+def on_cpu(rogue: Rogue):
+    """The rogue as a test parameter, skipped with the reason when it needs a GPU to misbehave."""
+    skip = pytest.mark.skip("needs a CUDA device to put its output elsewhere: tests/gpu/test_rogues_cuda.py")
+    return pytest.param(rogue, id=rogue.file, marks=[skip] if rogue.needs_cuda else [])
+
+
+@pytest.mark.parametrize("rogue", [on_cpu(r) for r in GALLERY if r.caught_by == VALUE or r.caught_by in CALL_CHECK_METRICS])
 def test_per_call_checks_catch_the_rogue(worker, tmp_path, rogue):
     arm = worker(rogue.file)
     arm.cold("infer")
@@ -116,6 +125,17 @@ def test_a_genuine_kernel_passes_every_per_call_check(worker, tmp_path):
     rows = checked_rows(arm, tmp_path / "capture.safetensors")
     assert not failed(rows), [r for r in rows if not r["passed"]]
     assert {r["metric"] for r in rows} >= {"input_mutated", "nondeterministic", "stale_output", "threads_leaked"}
+
+
+def test_an_unusable_output_is_replaced_by_the_stock_one_so_the_capture_finishes(worker, tmp_path):
+    """The model cannot go on with an output on another device: the verified call records output_device and hands
+    the model the stock output, so the capture's own outputs are the stock model's, not a crash."""
+    arm = worker("meta_output.py")
+    result = arm.capture("infer", str(tmp_path / "capture.safetensors"), verify=True)
+    (check,) = result["op_checks"]
+    assert check["findings"]["output_device"][0] == check["calls"] > 0
+    logits = load_file(result["path"])
+    assert all(t.device.type == "cpu" and bool(torch.isfinite(t).all()) for t in logits.values())
 
 
 def test_abs_tolerance_rogue_would_pass_allclose():
@@ -162,8 +182,11 @@ def compare_rogue(file: str, out: Path) -> int:
                  "--reference", "none", "--device", "cpu", "--out", str(out)])
 
 
-@pytest.mark.parametrize("file", [r.file if r.file in THROUGH_COMPARE or os.environ.get("E2EPROF_ROGUES_ALL")
-                                  else pytest.param(r.file, marks=pytest.mark.skip("set E2EPROF_ROGUES_ALL=1"))
+@pytest.mark.parametrize("file", [r.file if (r.file in THROUGH_COMPARE or os.environ.get("E2EPROF_ROGUES_ALL"))
+                                  and not r.needs_cuda
+                                  else pytest.param(r.file, marks=pytest.mark.skip(
+                                      "needs a CUDA device: tests/gpu/test_rogues_cuda.py" if r.needs_cuda
+                                      else "set E2EPROF_ROGUES_ALL=1"))
                                   for r in GALLERY])
 def test_compare_fails_the_rogue(tmp_path, file):
     rogue = BY_FILE[file]

@@ -1,4 +1,5 @@
-"""fastgelu, fastlayernorm, rmsnorm and swiglu compiled on CUDA at the shapes GPT-2 and Llama-1B use, against fp64.
+"""fastgelu (tanh and erf), fastlayernorm, rmsnorm and swiglu compiled on CUDA at the shapes GPT-2, BERT-base and
+Llama-1B use, against fp64.
 
 The CPU suite runs the same Triton kernels under the interpreter; compilation (register limits, num_warps, the
 looped paths, large offsets) only shows here. Forward and every input gradient are checked by relative-norm
@@ -54,6 +55,14 @@ def _check(run, reference, inputs, dtype, counters, tol_factor=1.0):
 @pytest.mark.parametrize("shape", [(8, 1024, 3072), (3, 77, 1001)])
 def test_fastgelu(shape, dtype):
     _check(lambda x: gelu_pkg.fastgelu(x), gelu_pkg.reference_gelu, _inputs([shape], dtype), dtype, gelu_pkg.IMPL_CALLS)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("shape", [(8, 512, 3072), (3, 77, 1001)])  # BERT-base's FFN activation, then a ragged one
+def test_fastgelu_erf(shape, dtype):
+    # BERT's exact GELU: the _gelu_fwd_erf / _gelu_bwd_erf kernels (tl.math.erf compiled, not interpreted).
+    _check(lambda x: gelu_pkg.fastgelu(x, approximate="none"), lambda x: gelu_pkg.reference_gelu(x, "none"),
+           _inputs([shape], dtype), dtype, gelu_pkg.IMPL_CALLS)
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16])

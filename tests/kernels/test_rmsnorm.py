@@ -241,51 +241,14 @@ def llama():
     return build_model(resolve_model("llama-tiny"), attn_implementation="eager", seed=0)
 
 
-def _train_outputs(model, ids):
-    """Logits and every parameter's gradient of one next-token loss step (eval mode: no dropout)."""
-    model.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, labels=ids, use_cache=False)
-    out.loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
-    return out.logits.detach(), grads
-
-
 @pytest.mark.parametrize("patch_impl", IMPLS)
-def test_patch_on_llama_tiny(llama, patch_impl, monkeypatch):
+def test_patch_on_llama_tiny(llama, patch_impl, monkeypatch, check_patch_on_model):
     monkeypatch.setenv(rms_op.IMPL_ENV, patch_impl)
     ids = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(8))
     norms = [m for m in llama.modules() if type(m) is modeling_llama.LlamaRMSNorm]
     assert len(norms) == 2 * llama.config.num_hidden_layers + 1  # two per layer and the final norm
-    stock_logits, stock_grads = _train_outputs(llama, ids)
-    before = IMPL_CALLS.copy()
-
-    applied = apply_patch(PATCH, llama)
-    try:
-        assert applied.sites == [{"target": PATCH.targets[0], "kind": "class", "count": 5}]
-        assert all(type(m) is FusedLlamaRMSNorm for m in norms)
-        applied.set_verify(True)
-        logits, grads = _train_outputs(llama, ids)
-        applied.set_verify(False)
-        assert applied.calls == 5  # every norm, once per forward
-        # Verify mode runs the replacement three times per model call: the call itself, a repeat on copies of its
-        # inputs (determinism) and one on refilled inputs (no caching by address); only the first is differentiated.
-        assert IMPL_CALLS[f"{patch_impl}.fwd"] - before[f"{patch_impl}.fwd"] == 3 * 5
-        assert IMPL_CALLS[f"{patch_impl}.bwd"] - before[f"{patch_impl}.bwd"] == 5
-        checks = applied.checks()
-        assert checks and all(c.passed for c in checks), checks  # each call against stock and the fp64 reference
-        assert sum(c.calls for c in checks) == 5
-    finally:
-        applied.revert()
-
-    _assert_matches(logits, stock_logits, TOL[F32])
-    assert grads.keys() == stock_grads.keys()
-    for name, grad in grads.items():
-        _assert_matches(grad, stock_grads[name], 1e-4)  # through 2 layers of backward: a few fp32 roundings more
-    # Reverted: stock classes, no instance-level forward left behind, the module name restored.
-    assert all(type(m) is modeling_llama.LlamaRMSNorm and "forward" not in vars(m) for m in norms)
+    check_patch_on_model(PATCH, llama, ids, impl=patch_impl, impl_calls=IMPL_CALLS, sites={PATCH.targets[0]: 5})
     assert modeling_llama.LlamaRMSNorm is not FusedLlamaRMSNorm
-    torch.testing.assert_close(_train_outputs(llama, ids)[0], stock_logits, rtol=0, atol=0)
 
 
 def test_patch_refuses_gpt2_and_names_what_it_is():

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device call (< 10 min) on the lent H200: the default `compare --model gpt2 --patch fastsoftmax` timed by phase
+# (issue 2, issue 8's cost part), the GPU test suite, then microbenchmarks of the patches named in MICROBENCH
+# (default: fastsoftmax fusedsoftmax) in the time left. Everything lands in one archive under $OUT (the device
+# returns only a few files). Installs nothing: runs from the checkout with the image's packages.
+set -uo pipefail
+OUT=${OUT:-/tmp/e2eprof-out}
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+DEADLINE=$(( $(date +%s) + ${SECONDS_AVAILABLE:-570} ))
+left() { echo $(( DEADLINE - $(date +%s) )); }
+LOGS=$(mktemp -d)
+mkdir -p "$OUT"
+
+{
+  date -u +%FT%TZ
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+  python3 -c 'import torch, transformers, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "triton", triton.__version__)'
+} 2>&1 | tee "$LOGS/env.txt"
+
+PART=cost RESULTS=reports/self-benchmark-h200 OUT="$LOGS" bash benchmarks/self_benchmark.sh 2>&1 | tail -22
+
+if [ "$(left)" -gt 120 ]; then
+  timeout $(( $(left) - 60 )) python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$LOGS/gpu_tests.log" | tail -12
+fi
+for patch in ${MICROBENCH:-fastsoftmax fusedsoftmax}; do
+  [ "$(left)" -lt 60 ] && { echo "microbench $patch: skipped, out of time"; continue; }
+  start=$(date +%s)
+  timeout $(( $(left) - 20 )) python3 -m e2eprof microbench --patch "$patch" --no-sweep --out "$LOGS/microbench/$patch" \
+    > "$LOGS/microbench-$patch.log" 2>&1
+  echo "microbench $patch: exit $?, wall $(( $(date +%s) - start )) s"
+  tail -22 "$LOGS/microbench-$patch.log"
+done
+tar czf "$OUT/results.tgz" -C "$LOGS" .
+echo "time left at the end: $(left) s"

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device call (< 10 min) on the lent H200 for issues 7 and 5: BERT-base inference with fastgelu (erf GELU),
+# a gpt2 + fastsoftmax sweep over 3 batch x 2 seq x 2 dtype points (train), gpt2 with the attention-fused softmax,
+# and its microbenchmark, in that order while time lasts. One archive under $OUT; installs nothing.
+set -uo pipefail
+OUT=${OUT:-/tmp/e2eprof-out}
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+DEADLINE=$(( $(date +%s) + ${SECONDS_AVAILABLE:-540} ))
+left() { echo $(( DEADLINE - $(date +%s) )); }
+RUNS=$(mktemp -d)
+mkdir -p "$OUT"
+{
+  date -u +%FT%TZ
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+  python3 -c 'import torch, transformers, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "triton", triton.__version__)'
+} 2>&1 | tee "$RUNS/env.txt"
+
+run() {  # run NAME MIN_SECONDS ARGS...: one e2eprof command into $RUNS/NAME, skipped when too little time is left
+  local name=$1 need=$2; shift 2
+  if [ "$(left)" -lt "$need" ]; then echo "$name: skipped, $(left) s left"; return; fi
+  local start; start=$(date +%s)
+  echo "\$ python3 -m e2eprof $* --out $name" > "$RUNS/$name.log"
+  timeout $(( $(left) - 10 )) python3 -m e2eprof "$@" --out "$RUNS/$name" 2>&1 | grep -v "loss_type=None" >> "$RUNS/$name.log"
+  echo "$name: exit ${PIPESTATUS[0]}, wall $(( $(date +%s) - start )) s" | tee -a "$RUNS/$name.log"
+  grep -E "verdict|speedup|replaced|beats|point" "$RUNS/$name.log" | head -30
+  tar czf "$OUT/results.tgz" -C "$RUNS" .  # after every run: a call cut short still returns what finished
+}
+
+run bert-base-fastgelu 90 compare --model bert-base --patch fastgelu --workload infer --reference sdpa --budget 20
+run gpt2-fastsoftmax-sweep 200 compare --model gpt2 --patch fastsoftmax --workload train --batch 1,4,8 --seq 256,1024 \
+  --dtype bf16,fp32 --reference none --no-profile --steps 10 --block-steps 5 --budget 0
+run gpt2-fusedsoftmax 90 compare --model gpt2 --patch fusedsoftmax --workload train,infer --reference sdpa --budget 15
+run microbench-fusedsoftmax 45 microbench --patch fusedsoftmax --no-sweep
+echo "time left at the end: $(left) s"
