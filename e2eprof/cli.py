@@ -76,17 +76,22 @@ def compare(
     microbench: Annotated[bool, typer.Option(help="After timing, microbenchmark the replaced op alone on the shapes the model called it with (microbench/<point>/microbench.parquet).")] = False,
     find_max_batch: Annotated[bool, typer.Option("--find-max-batch", help="Instead of timing: the largest batch each arm runs (one train and infer step) without running out of memory, per --seq and --dtype.")] = False,
     max_batch: Annotated[int, typer.Option(help="Largest batch --find-max-batch tries.")] = 1024,
+    nproc: Annotated[int, typer.Option(help="Ranks per arm: > 1 launches each arm with torchrun for --workload train-ddp or train-fsdp (--batch is per rank).")] = 1,
+    nnodes: Annotated[int, typer.Option(help="Nodes of a data-parallel run (passed to torchrun; needs --rdzv-endpoint).")] = 1,
+    rdzv_endpoint: Annotated[Optional[str], typer.Option(help="HOST:PORT where a data-parallel run's ranks meet (arm i uses PORT+i; default: a free local port).")] = None,
 ) -> int:
     """Time baseline, patched and stock-reference arms of a model's real loops; check correctness; sign off."""
     references = _split(reference)
     config = _config(
-        policy, model=model, patch=patch, workloads=_split(workload) or ("train", "infer", "generate"), device=device,
+        policy, model=model, patch=patch, device=device,
+        workloads=_split(workload) or (("train-ddp",) if nproc > 1 or nnodes > 1 else ("train", "infer", "generate")),
         batch=_values("--batch", batch, int), seq=_values("--seq", seq, int), steps=steps, block_steps=block_steps,
         precision=_values("--dtype", dtype), new_tokens=new_tokens, seed=seed, find_max_batch=find_max_batch,
         max_batch=max_batch,
         reference_arms=() if references == ("none",) else references, min_speedup=min_speedup,
         budget_seconds=budget, target_half_width=target_ci, aa=aa,
         out=out, force=force, profile=profile, trace=trace, microbench=microbench,
+        nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
     )
     return _run(config, resume=resume)
 
@@ -269,12 +274,12 @@ def report(
 @app.command("list")
 def list_things() -> int:
     """Show models, workloads and patches, with where each comes from."""
-    from e2eprof.config import WORKLOAD_NAMES
+    from e2eprof.config import KNOWN_WORKLOADS
     from e2eprof.registry import BUILTIN_PATCHES, _entry_points, load_patch
     from e2eprof.workloads.models import PRESETS
 
     out_console.print("models:    " + ", ".join(PRESETS) + ", or a local folder (config.json + *.safetensors)")
-    out_console.print("workloads: " + ", ".join(WORKLOAD_NAMES))
+    out_console.print("workloads: " + ", ".join(KNOWN_WORKLOADS) + " (train-ddp, train-fsdp: with --nproc N)")
     out_console.print("patches:")
     for name in BUILTIN_PATCHES:
         loaded = load_patch(name)

@@ -8,10 +8,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from e2eprof.distributed.options import DISTRIBUTED_WORKLOAD_NAMES, LaunchSpec, check_launch, is_distributed
 from e2eprof.errors import UsageError
 from e2eprof.sweep import SweepPoint, as_tuple, grid
 
-WORKLOAD_NAMES = ("train", "infer", "generate")
+WORKLOAD_NAMES = ("train", "infer", "generate")  # a single-process run's; the default
+KNOWN_WORKLOADS = WORKLOAD_NAMES + DISTRIBUTED_WORKLOAD_NAMES
 PRECISIONS = ("bf16", "fp16", "fp32")
 
 
@@ -94,6 +96,9 @@ class CompareConfig:
     out: Path | None = None
     force: bool = False
     command_line: str = ""
+    nproc: int = 1  # ranks per arm on this node: > 1 (or a train-ddp/train-fsdp workload) launches each arm with torchrun
+    nnodes: int = 1  # passed through to torchrun, with rdzv_endpoint (HOST:PORT)
+    rdzv_endpoint: str | None = None
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -106,13 +111,15 @@ class CompareConfig:
         if not workloads:
             raise UsageError("--workload: give at least one of " + ", ".join(WORKLOAD_NAMES))
         for w in workloads:
-            if w not in WORKLOAD_NAMES:
-                raise UsageError(f"--workload: unknown workload '{w}'{suggest(w, WORKLOAD_NAMES)}; known: {', '.join(WORKLOAD_NAMES)}")
+            if w not in KNOWN_WORKLOADS:
+                raise UsageError(f"--workload: unknown workload '{w}'{suggest(w, KNOWN_WORKLOADS)}; known: {', '.join(KNOWN_WORKLOADS)}")
         if len(set(workloads)) != len(workloads):
             raise UsageError("--workload: each workload at most once")
         object.__setattr__(self, "workloads", workloads)
         device = resolve_device(self.device)
         object.__setattr__(self, "device", device)
+        check_launch(workloads=workloads, device=device, nproc=self.nproc, nnodes=self.nnodes,
+                     rdzv_endpoint=self.rdzv_endpoint, find_max_batch=self.find_max_batch)
         defaults = DeviceDefaults.for_device(device)
         for name in ("batch", "seq", "steps", "block_steps", "new_tokens", "precision", "max_warmup_steps",
                      "reference_arms", "budget_seconds", "profile_warmup", "profile_steps"):
@@ -171,6 +178,13 @@ class CompareConfig:
     def at(self, point: SweepPoint) -> "CompareConfig":
         """This run's settings at one point of its sweep: batch, seq and precision single values."""
         return dataclasses.replace(self, batch=point.batch, seq=point.seq, precision=point.precision)
+
+    @property
+    def launch(self) -> LaunchSpec | None:
+        """How each arm's torchrun worker group starts; None when each arm is one process."""
+        if not is_distributed(self.workloads, self.nproc, self.nnodes):
+            return None
+        return LaunchSpec(nproc=self.nproc, nnodes=self.nnodes, rdzv_endpoint=self.rdzv_endpoint)
 
     @property
     def n_blocks(self) -> int:

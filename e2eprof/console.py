@@ -155,12 +155,25 @@ def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_d
                 console.print("  GPU idle share: " + ", ".join(f"{a.arm} {a.idle_share:.2f}" for a in rows.itertuples()
                                                             if not pd.isna(getattr(a, "idle_share", math.nan))))
         _print_memory(console, rows)
+        _print_ranks(console, rows)
         _print_top_changes(console, run_dir, workload)
         verdict = verdicts.get(workload)
         if verdict is not None:
             console.print(f"  verdict: [{VERDICT_STYLE[verdict.verdict]}]{verdict.verdict}[/] ({', '.join(verdict.reasons)})"
                           + (f" — {verdict.advice}" if verdict.advice else ""))
     console.print(f"report: {run_dir}")
+
+
+def _print_ranks(console: Console, rows: pd.DataFrame) -> None:
+    """Data-parallel runs: how far apart the ranks ran, and how much of the step was communication."""
+    if "ranks" not in rows or not (rows["ranks"].fillna(0) > 1).any():
+        return
+    spread = ", ".join(f"{r.arm} {r.rank_spread:.2f}x" for r in rows.itertuples() if not pd.isna(r.rank_spread))
+    console.print(f"  ranks: {int(rows['ranks'].max())} per arm, step time = slowest rank's; "
+                  f"slowest/fastest rank median: {spread}")
+    if "comm_share" in rows and rows["comm_share"].notna().any():
+        console.print("  communication share of the step: " + ", ".join(
+            f"{r.arm} {r.comm_share * 100:.1f}%" for r in rows.itertuples() if not pd.isna(r.comm_share)))
 
 
 def _print_memory(console: Console, rows: pd.DataFrame) -> None:

@@ -143,6 +143,8 @@ class ProfileResult:
     replaced_*_us: per step, inside "e2eprof.replaced::" ranges, forward plus the backward ops linked to them; the
         _fwd_ / _bwd_ fields split them by direction.
     unattributed_*: per step, work under "<unattributed>"; unattributed_events counts its CPU events (all steps).
+    comm_cpu_us: per step, time of the collectives gloo ran on its own threads (data-parallel CPU runs; on a GPU
+        the NCCL kernels are in `kernels`).
     """
 
     device_type: str
@@ -165,6 +167,7 @@ class ProfileResult:
     unattributed_cpu_us: float = 0.0
     unattributed_events: int = 0
     unlinked_kernel_us: float = 0.0
+    comm_cpu_us: float = 0.0
     trace_path: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -433,6 +436,9 @@ def summarize_events(events, *, device_type: str, active_steps: int) -> ProfileR
                                    "total_us": sum(d) / n, "median_us": statistics.median(d)})
 
     result.total_device_us = total_device / n
+    # gloo runs collectives on its own threads; the profiler shows them only as async "gloo:<collective>" events.
+    result.comm_cpu_us = sum(e.time_range.end - e.time_range.start for e in events
+                             if _is_cpu(e) and getattr(e, "is_async", False) and e.name.startswith("gloo:")) / n
     result.total_cpu_us = sum(r["self_cpu_us"] for r in result.ops)
     for row in result.ops:
         if row["in_replaced"]:

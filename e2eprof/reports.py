@@ -20,7 +20,7 @@ SCHEMA_VERSION = 1
 TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "run": ("run_id", "schema_version", "status", "command_line", "config_json", "environment_json", "patch_spec",
             "patch_origin", "patch_source_sha256", "seed", "batch_digest", "started_unix_ns", "ended_unix_ns"),
-    "steps": ("run_id", "workload", "arm", "block", "step", "phase", "wall_ns", "device_ms", "start_unix_ns",
+    "steps": ("run_id", "workload", "arm", "block", "step", "rank", "phase", "wall_ns", "device_ms", "start_unix_ns",
               "end_unix_ns", "ttft_ms", "tpot_ms"),
     "correctness": ("run_id", "workload", "arm", "tensor", "metric", "value", "tolerance", "passed", "detail"),
     "summary": ("run_id", "workload", "arm", "n", "median_ms", "mean_ms", "p10_ms", "p90_ms", "iqr_ms", "cv",

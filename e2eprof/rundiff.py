@@ -37,6 +37,7 @@ from rich.table import Table
 
 from e2eprof import reports, stats
 from e2eprof.errors import UsageError
+from e2eprof.distributed.ranks import slowest_rank_frame
 from e2eprof.sweep import OOM_METRIC, SweepPoint
 from e2eprof.verdict import MIN_SAMPLES
 
@@ -163,7 +164,7 @@ def load_run(path: Path, label: str) -> RunRecord:
         raise UsageError(f"{name}: cannot read the report in {path}: {exc}") from None
     own = config_point(config)
     warm = steps[steps.phase == "warm"] if len(steps) else steps
-    warm = _with_point(warm, own)
+    warm = _with_point(slowest_rank_frame(warm), own)  # a data-parallel step lasts as long as its slowest rank
     summary = _with_point(summary, own) if summary is not None else None
     out_of_memory = set()
     if checks is not None and len(checks) and "metric" in checks:

@@ -29,6 +29,9 @@ from e2eprof import resume as resume_run
 from e2eprof.arm_process import ArmFailed, ArmProcess
 from e2eprof.config import AA_ARM, CompareConfig, default_out_dir
 from e2eprof.correctness import compare_captures, op_check_rows
+from e2eprof.distributed import ranks as dp
+from e2eprof.distributed.launch import start_arm
+from e2eprof.distributed.telemetry import RankSamplers, open_rank_samplers, per_rank
 from e2eprof.env import capture_environment
 from e2eprof.errors import RunError, UsageError
 from e2eprof.patching import call_check_rows, check_model_fits
@@ -103,7 +106,7 @@ def run_progress(out: Path) -> str:
 class _RunState:
     """Everything measured so far, flushed to Parquet after each phase so nothing is lost."""
 
-    def __init__(self, out_dir: Path, run_row: dict, sampler: telemetry.TelemetrySampler):
+    def __init__(self, out_dir: Path, run_row: dict, sampler: RankSamplers):
         self.out_dir = out_dir
         self.sampler = sampler
         self.run_row = run_row
@@ -165,7 +168,7 @@ class _RunState:
         steps = pd.DataFrame(self.steps)
         samples = self.sampler.frame() if self.sampler.available else None
         if samples is not None and len(samples) and len(steps):
-            steps = telemetry.join_steps(steps, samples)
+            steps = per_rank(telemetry.join_steps, steps, samples)
         return self._with_prior("steps", steps)
 
     def _with_prior(self, name: str, rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
@@ -201,7 +204,7 @@ class _RunState:
         if self.sampler.available and len(steps):
             samples = self.samples_frame()
             reports.write_table(self.out_dir, "telemetry", samples.assign(run_id=run_id))
-            reports.write_table(self.out_dir, "blocks", by_point(steps, lambda s: telemetry.block_energy(s, samples)).assign(run_id=run_id))
+            reports.write_table(self.out_dir, "blocks", by_point(steps, lambda s: per_rank(telemetry.block_energy, s, samples)).assign(run_id=run_id))
         reports.write_table(self.out_dir, "correctness", self._with_prior("correctness", self.correctness).assign(run_id=run_id))
         for name in ("phases", "memory"):
             table = self._with_prior(name, getattr(self, name))
@@ -210,15 +213,15 @@ class _RunState:
         if self.profiles:
             reports.write_table(self.out_dir, "ops", self.ops_frame().assign(run_id=run_id))
             reports.write_table(self.out_dir, "kernels", [
-                k | {"workload": w, "arm": a, "run_id": run_id, **p.columns()}
-                for (p, w, a), r in self.profiles.items() for k in r["kernels"]])
+                k | {"workload": w, "arm": a, "rank": rank, "run_id": run_id, **p.columns()}
+                for (p, w, a), r in self.profiles.items() for rank, result in dp.by_rank(r) for k in result["kernels"]])
         reports.write_table(self.out_dir, "run", [self.run_row])
 
 
     def ops_frame(self) -> pd.DataFrame:
         """Every profiled (point, workload, arm)'s ops, with the point's identity columns."""
-        return pd.concat([explain.ops_frame(r, workload=w, arm=a).assign(**p.columns())
-                          for (p, w, a), r in self.profiles.items()], ignore_index=True)
+        return pd.concat([explain.ops_frame(result, workload=w, arm=a).assign(rank=rank, **p.columns())
+                          for (p, w, a), r in self.profiles.items() for rank, result in dp.by_rank(r)], ignore_index=True)
 
 
 def _arms(config: CompareConfig, attn: str) -> list[ArmSpec]:
@@ -303,7 +306,8 @@ def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = Fa
     else:
         run_row = new_run_row(config, loaded, model_json=None)
     run_id = run_row["run_id"]
-    sampler = telemetry.open_sampler(config.device)  # in the parent: sampling never runs inside a timed step
+    # In the parent (sampling never runs inside a timed step), one sampler per rank's GPU.
+    sampler = open_rank_samplers(config.device, config.nproc if config.launch else 1)
     run_row["telemetry_available"] = sampler.available
     run_row["telemetry_unavailable_reason"] = sampler.unavailable_reason
     if sampler.available:
@@ -345,6 +349,7 @@ def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = Fa
                 summary, verdicts = summarize(state.all_rows("steps"), state.all_rows("correctness"), config,
                                               state.failed_by_point, balance, state.timing)
                 _explain_into(summary, state, run_id)
+                dp.attach_rank_columns(summary, state.all_rows("steps"), state.profiles)
                 _flag_implausible(summary, verdicts, config)
                 attach_memory(summary, state.all_rows("memory"))
                 run_row["verdict"] = worst([v.verdict for v in verdicts.values()])  # the run's: worst over (point, workload)
@@ -393,11 +398,11 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
     processes: dict[str, ArmProcess] = {}
     try:
         with state.phase(events, "*", "start workers and build models", ", ".join(a.name for a in arms)):
-            for arm in arms:
-                processes[arm.name] = ArmProcess(WorkerSetup(
+            for index, arm in enumerate(arms):
+                processes[arm.name] = start_arm(WorkerSetup(
                     arm=arm, model=config.model, patch_spec=config.patch, device=config.device,
                     precision=config.precision, seed=config.seed, batch=config.batch, seq=config.seq,
-                    new_tokens=config.new_tokens, scratch_dir=str(scratch)))
+                    new_tokens=config.new_tokens, scratch_dir=str(scratch)), config.launch, index)
             builds = _broadcast(processes, state, "build")
         if "baseline" not in builds:
             failure = state.arm_failures["baseline"]
@@ -408,6 +413,8 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
             state.run_row["model_json"] = reports.to_json(builds["baseline"]["model"])
             state.run_row["batch_digest"] = builds["baseline"].get("batch_digest")
             state.run_row["sites_json"] = reports.to_json(builds.get("patched", {}).get("sites"))
+            # Data-parallel arms: each rank's pid, device and GPU UUID (single-process builds have no "ranks").
+            state.run_row["ranks_json"] = reports.to_json({a: b["ranks"] for a, b in builds.items() if "ranks" in b})
         events("built", builds=builds)
         for workload in todo:
             _run_workload(config, workload, processes, state, patch, scratch, events)
@@ -431,7 +438,9 @@ def _explain_into(summary: list[dict], state: _RunState, run_id: str) -> None:
     """Op diff and Amdahl explanation per workload from the profiles; adds prediction columns to the summary."""
     if not state.profiles:
         return
-    reports.write_table(state.out_dir, "opdiff", by_point(state.ops_frame(), explain.op_diff).assign(run_id=run_id))
+    ops = state.ops_frame()
+    # Arms are compared op by op on rank 0 (every rank runs the same ops on its own shard).
+    reports.write_table(state.out_dir, "opdiff", by_point(ops[ops["rank"] == 0], explain.op_diff).assign(run_id=run_id))
     points = {p.id: p for p, _, _ in state.profiles}
     rows = []
     for row in summary:
@@ -598,7 +607,8 @@ def _stop_reason(config, state, workload: str, blocks: int, elapsed: float) -> s
     if {(candidate, workload), ("baseline", workload)} & state.out_of_memory:
         return "out of memory"
     here = state.point.id  # rows of earlier points carry their own id; this point's may not be stamped yet
-    warm = [s for s in state.steps if s["workload"] == workload and s["phase"] == "warm" and s.get("point", here) == here]
+    warm = dp.slowest_rank([s for s in state.steps if s["workload"] == workload and s["phase"] == "warm"
+                            and s.get("point", here) == here])
     base = [(s["wall_ns"], s["block"]) for s in warm if s["arm"] == "baseline"]
     cand = [(s["wall_ns"], s["block"]) for s in warm if s["arm"] == candidate]
     if len(base) >= 2 and len(cand) >= 2:
@@ -632,6 +642,7 @@ def _correctness_gate(config, workload, processes, state, patch, scratch, live) 
             state.correctness += op_check_rows(workload, arm, result["op_checks"])
             if arm == "patched":
                 state.correctness += call_check_rows(workload, arm, result["op_checks"])
+            state.correctness += dp.rank_agreement_rows(workload, arm, result, dp.agreement_tolerance(patch, config.precision))
     if reference and "baseline" in captures:
         state.correctness += compare_captures(workload, reference["path"], captures, patch, config.precision)
 

@@ -16,6 +16,7 @@ import pandas as pd
 
 from e2eprof import stats
 from e2eprof.config import AA_ARM, CompareConfig
+from e2eprof.distributed.ranks import slowest_rank
 from e2eprof.sweep import OOM_METRIC, OUT_OF_MEMORY, SweepPoint
 from e2eprof.verdict import INCONCLUSIVE, Verdict, decide, decide_aa
 
@@ -105,7 +106,7 @@ def summarize(steps: list[dict], correctness: list[dict], config: CompareConfig,
     failed_arms: arms that failed (not by running out of memory), for the whole run or per point id. timing: per
     (point id, workload), or per workload. Verdicts are keyed as verdict_key says.
     """
-    all_steps = pd.DataFrame(steps)
+    all_steps = pd.DataFrame(slowest_rank(steps))  # a data-parallel step takes as long as its slowest rank
     all_checks = pd.DataFrame(correctness)
     candidate = AA_ARM if config.aa else "patched"
     rows: list[dict] = []

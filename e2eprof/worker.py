@@ -73,6 +73,7 @@ class ArmWorker:
         self.workloads: dict = {}
         self.step_counter: dict[str, int] = {}
         self.memory = MemoryTracker(self.device)
+        self.rank = 0  # this process's rank in its arm's worker group (e2eprof.distributed); 0 when it is alone
 
     def dispatch(self, command: str, kwargs: dict):
         """Run one command, with its memory peaks recorded when it is a measured phase."""
@@ -110,7 +111,7 @@ class ArmWorker:
         self.pristine = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         info = describe(self.model)
         self.batches = synthetic_token_batches(
-            N_BATCHES, setup.batch, setup.seq, info["vocab_size"], seed=setup.seed + 1, pin=self.device.type == "cuda"
+            N_BATCHES, setup.batch, setup.seq, info["vocab_size"], seed=self._batch_seed(), pin=self.device.type == "cuda"
         )
         return {
             "arm": setup.arm.name,
@@ -120,6 +121,18 @@ class ArmWorker:
             "batch_digest": digest(self.batches),
             "pid": os.getpid(),
         }
+
+    def _batch_seed(self) -> int:
+        # The same batches in every arm; a data-parallel rank worker gives each rank its own shard's seed instead.
+        return self.setup.seed + 1
+
+    def _agree(self, decision: bool) -> bool:
+        # A data-parallel worker group takes rank 0's decision on every rank: ranks that ran different numbers of
+        # steps would wait for each other's collectives forever.
+        return decision
+
+    def _restore_pristine(self) -> None:
+        self.model.load_state_dict(self.pristine)
 
     def _workload(self, name: str):
         if name not in self.workloads:
@@ -157,6 +170,7 @@ class ArmWorker:
             "arm": self.setup.arm.name,
             "block": block,
             "step": index,
+            "rank": self.rank,
             "phase": phase,
             "wall_ns": wall_ns,
             "device_ms": start_event.elapsed_time(end_event) if cuda else math.nan,
@@ -176,11 +190,12 @@ class ArmWorker:
         rows: list[dict] = []
         previous = None
         deadline = time.perf_counter() + max_seconds
-        while len(rows) + window <= max(max_steps, 2 * window) and (len(rows) < 2 * window or time.perf_counter() < deadline):
+        while self._agree(len(rows) + window <= max(max_steps, 2 * window)
+                          and (len(rows) < 2 * window or time.perf_counter() < deadline)):
             window_rows = [self._timed_step(workload, "warmup", -1) for _ in range(window)]
             rows.extend(window_rows)
             median = statistics.median(r["wall_ns"] for r in window_rows)
-            if previous is not None and abs(median / previous - 1) < tolerance:
+            if self._agree(previous is not None and abs(median / previous - 1) < tolerance):
                 break
             previous = median
         return rows
@@ -190,7 +205,7 @@ class ArmWorker:
 
     def capture(self, workload: str, path: str, verify: bool) -> dict:
         """Correctness outputs on pristine weights, saved as safetensors; op-level checks when verifying."""
-        self.model.load_state_dict(self.pristine)
+        self._restore_pristine()
         instance = self._workload(workload)
         if self.applied is not None:
             self.applied.set_verify(verify)
@@ -275,7 +290,7 @@ class ArmWorker:
 
     def memory_peaks(self) -> list[dict]:
         """Peak device and host memory per (workload, phase) so far in this process."""
-        return [row | {"arm": self.setup.arm.name} for row in self.memory.rows()]
+        return [row | {"arm": self.setup.arm.name, "rank": self.rank} for row in self.memory.rows()]
 
     def probe(self, batch: int, workloads: list[str]) -> dict:
         """Does one step of each workload run at this batch (at the setup's seq)? Out of memory is an answer here."""

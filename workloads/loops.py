@@ -181,11 +181,15 @@ class TrainWorkload(Workload):
         self.optimizer.zero_grad(set_to_none=True)
         ids = self._to_device(host_batch)  # (B, T)
         with self._autocast():
-            loss = self.model(**self._model_inputs(ids, labels=True)).loss
+            loss = self._forward(**self._model_inputs(ids, labels=True)).loss
         self.scaler.scale(loss).backward()  # backward outside autocast, as the autocast docs prescribe
         self.scaler.step(self.optimizer)
         self.scaler.update()
         return {}
+
+    def _forward(self, **inputs):
+        # The data-parallel workloads (distributed.py) call their wrapper here instead of the bare model.
+        return self.model(**inputs)
 
     def capture(self, host_batch: torch.Tensor) -> dict[str, torch.Tensor]:
         """{"loss": scalar, "logits": (R, V) rows (see logit_positions), "grad/<name>": each trainable parameter's
@@ -197,7 +201,7 @@ class TrainWorkload(Workload):
             with _eval_mode(self.model):
                 ids = self._to_device(host_batch)  # (B, T)
                 with self._autocast():
-                    out = self.model(**self._model_inputs(ids, labels=True))
+                    out = self._forward(**self._model_inputs(ids, labels=True))
                 # fp16: scale like the training step does, or small gradients flush to zero in half precision.
                 scale = float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
                 (out.loss * scale).backward()
@@ -308,6 +312,13 @@ class GenerateWorkload(Workload):
 WORKLOADS: dict[str, type[Workload]] = {"train": TrainWorkload, "infer": InferWorkload, "generate": GenerateWorkload}
 
 
+def all_workloads() -> dict[str, type[Workload]]:
+    """WORKLOADS (one process each) and the data-parallel ones (distributed.py: they need a process group)."""
+    from .distributed import DISTRIBUTED_WORKLOADS  # imported here: they subclass TrainWorkload
+
+    return {**WORKLOADS, **DISTRIBUTED_WORKLOADS}
+
+
 def supported_workloads(architecture: str) -> tuple[str, ...]:
     """Names of the workloads a model of this `model_type` can run (all three for causal LMs)."""
     return tuple(name for name, cls in WORKLOADS.items() if objective(architecture) in cls.objectives)
@@ -319,7 +330,8 @@ def check_workloads(source: ModelSource, workloads: Sequence[str], seq: int) -> 
     Cheap (configs only, no weights), so a run can refuse before it starts any worker.
     """
     supported = supported_workloads(source.architecture)
-    unsupported = [w for w in workloads if w not in supported]
+    known = all_workloads()
+    unsupported = [w for w in workloads if w not in known or objective(source.architecture) not in known[w].objectives]
     if unsupported:
         raise ValueError(f"--workload: {source.name!r} is an encoder ({source.architecture}, masked-LM objective) and "
                          f"runs {', '.join(supported)}; {', '.join(unsupported)} needs a causal LM")
@@ -331,9 +343,10 @@ def check_workloads(source: ModelSource, workloads: Sequence[str], seq: int) -> 
 def make_workload(name: str, model: torch.nn.Module, device: torch.device | str, precision: str,
                   **options: Any) -> Workload:
     """Construct the workload registered under `name`; unknown names raise ValueError with a close match."""
-    if name not in WORKLOADS:
-        raise ValueError(f"unknown workload {name!r}{_did_you_mean(name, WORKLOADS)}; known: {', '.join(WORKLOADS)}")
-    return WORKLOADS[name](model, device, precision, **options)
+    known = all_workloads()
+    if name not in known:
+        raise ValueError(f"unknown workload {name!r}{_did_you_mean(name, known)}; known: {', '.join(known)}")
+    return known[name](model, device, precision, **options)
 
 
 @contextlib.contextmanager
