@@ -245,3 +245,14 @@ def test_broadcast_inputs_count_their_memory_once():
     spec = TensorSpec.of(expanded)
     assert spec.nbytes == 16 * 16 * 4
     assert TensorSpec.of(torch.zeros(8, 1, 16, 16)).nbytes == 8 * 16 * 16 * 4
+
+
+def test_the_gpu_cushion_grows_past_a_slow_host_dispatch_and_only_then():
+    from e2eprof.microbench.timing import cushion_for
+
+    assert cushion_for(host_us=100.0, cushion_us=500.0) is None
+    assert cushion_for(host_us=399.0, cushion_us=500.0) is None
+    assert cushion_for(host_us=450.0, cushion_us=500.0) == 900.0  # queueing took 90% of the spin: double it
+    assert cushion_for(host_us=700.0, cushion_us=500.0) == 1400.0
+    grown = cushion_for(host_us=700.0, cushion_us=500.0)
+    assert cushion_for(host_us=700.0, cushion_us=grown) is None  # the grown cushion holds for the same dispatch
