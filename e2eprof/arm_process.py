@@ -74,9 +74,13 @@ class ArmProcess:
         self.failed = self._failure()
         raise self.failed
 
+    def _can_ask(self) -> bool:
+        """Whether the worker can still take a command."""
+        return self._process.is_alive() and not self.failed
+
     def request_close(self) -> None:
         """Ask the worker to revert and exit, without waiting: a run closes every arm at once."""
-        if self._process.is_alive() and not self.failed:
+        if self._can_ask():
             try:
                 self._conn.send(("close", {}))
             except (BrokenPipeError, EOFError, OSError):
@@ -93,6 +97,10 @@ class ArmProcess:
                     self._conn.recv()
             except (BrokenPipeError, EOFError, OSError):
                 pass
+        self._stop()
+
+    def _stop(self) -> None:
+        """Wait for the process to exit; terminate it, then kill it, if it will not."""
         self._process.join(timeout=10)
         if self._process.is_alive():
             self._process.terminate()

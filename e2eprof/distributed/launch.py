@@ -120,25 +120,11 @@ class DistArmProcess(ArmProcess):
                              first["traceback"])
         return ArmFailed(self.name, "crash", f"worker group exited with code {code}")
 
-    def request_close(self) -> None:
-        """Ask rank 0 to close the group, without waiting (a group that never connected has nothing to ask)."""
-        if self._conn is not None and self._alive() and not self.failed:
-            try:
-                self._conn.send(("close", {}))
-            except (BrokenPipeError, EOFError, OSError):
-                pass
-            else:
-                self._close_requested = True
+    def _can_ask(self) -> bool:
+        # A group that never connected has nothing to ask.
+        return self._conn is not None and self._alive() and not self.failed
 
-    def close(self) -> None:
-        if not self._close_requested:
-            self.request_close()
-        if self._close_requested:
-            try:
-                if self._conn.poll(10):
-                    self._conn.recv()
-            except (BrokenPipeError, EOFError, OSError):
-                pass
+    def _stop(self) -> None:
         self._stop_group()
         if self._conn is not None:
             self._conn.close()
