@@ -93,7 +93,6 @@ def main() -> None:
     copy_us = triton.testing.do_bench(lambda: copy_dst.copy_(copy_src), return_mode="median") * 1e3
     roofline = 2 * copy_src.numel() / (copy_us * 1e-6)  # bytes read + written per second
     print(f"copy roofline {roofline / 1e12:.3f} TB/s ({copy_us:.1f} us for 1 GiB)")
-    del copy_src, copy_dst
 
     # Each variant compiles once per dtype path (about a second each): keep the list short.
     variants = [(0, w) for w in (2, 4, 8, 16)] + [(2, 4), (2, 8), (4, 4), (4, 8), (8, 8)]
@@ -132,8 +131,6 @@ def main() -> None:
             print(f"{label} {direction} {name:14s} {us:8.1f} us  {nbytes / (us * 1e-6) / 1e12:5.2f} TB/s  {share:5.1%}")
             out_rows.append(dict(path=label, direction=direction, variant=name, us=us, bytes=nbytes,
                                  tbps=nbytes / (us * 1e-6) / 1e12, roofline_share=share, rel_err=err))
-        del x, ref, dy, y, ref_dx
-        torch.cuda.empty_cache()
     with open(args.out, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(out_rows[0]))
         writer.writeheader()

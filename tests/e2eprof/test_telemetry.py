@@ -11,7 +11,6 @@ import pandas as pd
 import pynvml
 import pytest
 
-from e2eprof import telemetry
 from e2eprof.telemetry import (
     TELEMETRY_COLUMNS,
     THROTTLE_MASK,
