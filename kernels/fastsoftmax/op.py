@@ -1,6 +1,8 @@
 """Named custom ops `e2eprof::fastsoftmax` and `e2eprof::fastsoftmax_backward`, with dispatch and autograd.
 
-Named ops (not a bare autograd.Function) so profiler traces, opcheck and torch.compile see one opaque op per call.
+Named ops (not a bare autograd.Function) so profiler traces, opcheck and torch.compile see one opaque op per call;
+registered through torch.library.Library, with an autograd.Function as the op's Autograd kernel, because
+torch.library.custom_op's per-call Python layers cost more host time than a small softmax (see _LIB below).
 Dispatch: CUDA tensors run the Triton kernels; CPU tensors run cpu.py unless E2EPROF_FASTSOFTMAX_IMPL=triton
 forces the Triton kernels (meaningful only under TRITON_INTERPRET=1; used by tests). There is deliberately no
 fallback to torch's softmax: a patch that silently runs the stock op is exactly what e2eprof must catch, so a missing
@@ -53,32 +55,40 @@ def _check_float(name: str, dtype: torch.dtype) -> None:
 
 def _to_rows(t: torch.Tensor, dim: int) -> torch.Tensor:
     """View `t` as a contiguous [rows, cols] matrix with `dim` as the columns (copies only if needed)."""
-    moved = t.movedim(dim, -1) if t.dim() > 0 else t.reshape(1)  # (..., C)
-    cols = moved.shape[-1]
-    rows = math.prod(moved.shape[:-1])  # not numel // cols: cols may be 0
-    return moved.contiguous().reshape(rows, cols)  # (R, C)
+    if t.dim() == 0:
+        return t.reshape(1, 1)
+    if dim != t.dim() - 1 or not t.is_contiguous():  # the common case (scores, last dim) skips both calls
+        t = t.movedim(dim, -1).contiguous()  # (..., C)
+    return t.view(math.prod(t.shape[:-1]), t.shape[-1])  # (R, C); rows not numel // C: C may be 0
 
 
 def _from_rows(y2d: torch.Tensor, shape: torch.Size, dim: int) -> torch.Tensor:
     """Inverse of _to_rows: a new tensor of `shape`, contiguous in the original layout (as torch.softmax returns)."""
     if len(shape) == 0:
         return y2d.reshape(())
+    if dim == len(shape) - 1:
+        return y2d.view(shape)  # y2d is fresh and contiguous: already in the original layout
     moved = list(shape)
     moved.append(moved.pop(dim))
-    y = y2d.reshape(moved)  # (..., C), a view of the fresh y2d with standard strides
-    if dim == len(shape) - 1:
-        return y
+    y = y2d.view(moved)  # (..., C), a view of the fresh y2d with standard strides
     out = torch.empty(shape, dtype=y2d.dtype, device=y2d.device)
     out.movedim(dim, -1).copy_(y)
     return out
 
 
-@torch.library.custom_op(
-    "e2eprof::fastsoftmax",
-    mutates_args=(),
-    schema="(Tensor x, int dim, ScalarType? out_dtype) -> Tensor",
-)
-def _fastsoftmax_op(x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+# Registered with torch.library.Library rather than torch.library.custom_op: custom_op wraps every call in Python
+# layers (an autograd kernel that redispatches, a backend wrapper that checks aliasing, dynamo-disabling wrappers)
+# that cost more host time per call than the work of a small softmax. Here the dispatcher calls our functions
+# directly; the ops, their schemas, fake kernels and autograd are the same, so traces, opcheck and torch.compile
+# see the same two named ops. On a 1x2x4x4 CPU tensor this cut about 20-25% of fastsoftmax's host time per call
+# (benchmarks/host_overhead.py). One difference: a double backward now raises when the first backward is taken
+# with create_graph=True, not later when the second one runs.
+_LIB = torch.library.Library("e2eprof", "FRAGMENT")  # kept alive for the registrations' lifetime
+_LIB.define("fastsoftmax(Tensor x, int dim, ScalarType? out_dtype) -> Tensor")
+_LIB.define("fastsoftmax_backward(Tensor grad_out, Tensor out, int dim, ScalarType in_dtype) -> Tensor")
+
+
+def _fastsoftmax_impl(x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_float("x", x.dtype)
     _check_float("out_dtype", out_dtype)
@@ -93,7 +103,6 @@ def _fastsoftmax_op(x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype])
     return _from_rows(y2d, x.shape, dim)
 
 
-@_fastsoftmax_op.register_fake
 def _fastsoftmax_fake(x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_float("x", x.dtype)
@@ -102,12 +111,7 @@ def _fastsoftmax_fake(x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype
     return x.new_empty(x.shape, dtype=out_dtype)
 
 
-@torch.library.custom_op(
-    "e2eprof::fastsoftmax_backward",
-    mutates_args=(),
-    schema="(Tensor grad_out, Tensor out, int dim, ScalarType in_dtype) -> Tensor",
-)
-def _fastsoftmax_backward_op(
+def _fastsoftmax_backward_impl(
     grad_out: torch.Tensor, out: torch.Tensor, dim: int, in_dtype: torch.dtype
 ) -> torch.Tensor:
     _check_backward_args(grad_out, out, in_dtype)
@@ -123,7 +127,6 @@ def _fastsoftmax_backward_op(
     return _from_rows(dx2d, out.shape, dim)
 
 
-@_fastsoftmax_backward_op.register_fake
 def _fastsoftmax_backward_fake(
     grad_out: torch.Tensor, out: torch.Tensor, dim: int, in_dtype: torch.dtype
 ) -> torch.Tensor:
@@ -142,21 +145,49 @@ def _check_backward_args(grad_out: torch.Tensor, out: torch.Tensor, in_dtype: to
     _check_float("in_dtype", in_dtype)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    x, dim, _out_dtype = inputs
-    # Backward needs only y (dx = y * (dy - sum(dy * y))), so x is not kept alive.
-    ctx.save_for_backward(output)
-    ctx.dim = dim
-    ctx.in_dtype = x.dtype  # the gradient has the input's dtype, as for torch.softmax(x, dtype=...)
+class _FastSoftmaxFunction(torch.autograd.Function):
+    """The Autograd kernel of e2eprof::fastsoftmax: runs the op below autograd and records its backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+        with torch._C._AutoDispatchBelowAutograd():
+            y = torch.ops.e2eprof.fastsoftmax.default(x, dim, out_dtype)
+        # Backward needs only y (dx = y * (dy - sum(dy * y))), so x is not kept alive.
+        ctx.save_for_backward(y)
+        ctx.dim = dim
+        ctx.in_dtype = x.dtype  # the gradient has the input's dtype, as for torch.softmax(x, dtype=...)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        (y,) = ctx.saved_tensors
+        return torch.ops.e2eprof.fastsoftmax_backward.default(grad_out, y, ctx.dim, ctx.in_dtype), None, None
 
 
-def _backward(ctx, grad_out):
-    (y,) = ctx.saved_tensors
-    dx = torch.ops.e2eprof.fastsoftmax_backward(grad_out, y, ctx.dim, ctx.in_dtype)
-    return dx, None, None
+def _fastsoftmax_autograd(x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _FastSoftmaxFunction.apply(x, dim, out_dtype)
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.e2eprof.fastsoftmax.default(x, dim, out_dtype)
 
 
-_fastsoftmax_op.register_autograd(_backward, setup_context=_setup_context)
+def _fastsoftmax_backward_autograd(
+    grad_out: torch.Tensor, out: torch.Tensor, dim: int, in_dtype: torch.dtype
+) -> torch.Tensor:
+    # No double backward: refuse rather than let autograd treat the gradient as a constant without a word.
+    if torch.is_grad_enabled() and (grad_out.requires_grad or out.requires_grad):
+        raise RuntimeError("e2eprof::fastsoftmax_backward is not differentiable (no double backward through fastsoftmax)")
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.e2eprof.fastsoftmax_backward.default(grad_out, out, dim, in_dtype)
+
+
+# CompositeExplicitAutograd: every backend; the implementation itself raises for devices it has no code for.
+_LIB.impl("fastsoftmax", _fastsoftmax_impl, "CompositeExplicitAutograd")
+_LIB.impl("fastsoftmax_backward", _fastsoftmax_backward_impl, "CompositeExplicitAutograd")
+_LIB.impl("fastsoftmax", _fastsoftmax_autograd, "Autograd")
+_LIB.impl("fastsoftmax_backward", _fastsoftmax_backward_autograd, "Autograd")
+torch.library.register_fake("e2eprof::fastsoftmax", _fastsoftmax_fake, lib=_LIB)
+torch.library.register_fake("e2eprof::fastsoftmax_backward", _fastsoftmax_backward_fake, lib=_LIB)
 
 
 def fastsoftmax(x: torch.Tensor, dim: int = -1, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:

@@ -202,7 +202,32 @@ def test_gradcheck_fp64(dim):
     assert torch.autograd.gradcheck(lambda t: fastsoftmax(t, dim), (x,))
 
 
+@pytest.mark.filterwarnings("ignore:Your compiler for AOTAutograd:UserWarning")  # from torch's own test backend
+def test_torch_compile_keeps_the_named_ops():
+    """Under torch.compile (dynamo + AOTAutograd, no C++ compiler needed) both ops stay opaque calls in the graphs,
+    run, and give eager's result and gradient."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
 
+    backend = AotEagerAndRecordGraphs()
+    compiled = torch.compile(lambda t: fastsoftmax(t * 2, 1), backend=backend, fullgraph=True)
+    x = torch.randn(2, 3, 5, dtype=F64, requires_grad=True)
+    dy = torch.randn(2, 3, 5, dtype=F64)
+    before = IMPL_CALLS.copy()
+    y = compiled(x)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    assert "torch.ops.e2eprof.fastsoftmax.default" in backend.fw_graphs[0].code
+    assert "torch.ops.e2eprof.fastsoftmax_backward.default" in backend.bw_graphs[0].code
+    assert IMPL_CALLS["cpu.fwd"] - before["cpu.fwd"] == 1 and IMPL_CALLS["cpu.bwd"] - before["cpu.bwd"] == 1
+    y_eager = fastsoftmax(x * 2, 1)
+    (dx_eager,) = torch.autograd.grad(y_eager, x, dy)
+    torch.testing.assert_close(y, y_eager)
+    torch.testing.assert_close(dx, dx_eager)
+
+
+def test_double_backward_raises_instead_of_a_silent_constant():
+    x = torch.randn(2, 5, dtype=F64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.autograd.grad(fastsoftmax(x), x, torch.randn(2, 5, dtype=F64), create_graph=True)
 
 
 def test_rejects_non_float():
