@@ -19,6 +19,7 @@ import pandas as pd
 from e2eprof import reports
 from e2eprof.config import CompareConfig
 from e2eprof.errors import UsageError
+from e2eprof.sweep import OOM_METRIC
 
 # Options that may differ between the interrupted command and the resuming one: they do not change what is measured.
 IGNORED = {"out", "force", "command_line"}
@@ -103,6 +104,12 @@ def _kept_rows(out: Path, config: CompareConfig, units: dict[str, dict]) -> dict
             continue
         keys = frame["point"].astype(str) + "/" + frame["workload"].astype(str)
         keep = keys.isin(set(units)) | ((frame["workload"] == "*") & frame["point"].isin(whole_points))
+        if name == "correctness":
+            # An arm that failed (or ran out of memory) outside a workload - building, or collecting memory peaks
+            # after a unit finished - failed for the point's kept units too: keep its row, or their verdicts forget it.
+            kept_points = {key.partition("/")[0] for key in units}
+            keep |= ((frame["workload"] == "*") & frame["metric"].isin(["arm_failed", OOM_METRIC])
+                     & frame["point"].isin(kept_points))
         # What runs after the last point (microbenchmarks, the summary) runs again, whatever got done of it.
         if name == "phases":
             keep &= ~(frame["phase"].astype(str).str.startswith("microbench") | (frame["phase"] == "summary and tables"))
