@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pandas as pd
-
 from e2eprof import reports, resume
 
 
