@@ -145,13 +145,19 @@ def _check_backward_args(grad_out: torch.Tensor, out: torch.Tensor, in_dtype: to
     _check_float("in_dtype", in_dtype)
 
 
+# The Autograd kernels below hand the call on with `redispatch` on the key set below autograd, as torch.library's
+# custom_op does: a second `torch.ops.e2eprof.fastsoftmax(...)` call would go through the dispatcher's profiling
+# hook again, and every forward would show in profiles as two nested e2eprof::fastsoftmax events (twice the calls
+# in ops.parquet and the op diff).
+_BELOW_AUTOGRAD = torch._C._after_autograd_keyset
+
+
 class _FastSoftmaxFunction(torch.autograd.Function):
     """The Autograd kernel of e2eprof::fastsoftmax: runs the op below autograd and records its backward."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
-        with torch._C._AutoDispatchBelowAutograd():
-            y = torch.ops.e2eprof.fastsoftmax.default(x, dim, out_dtype)
+    def forward(ctx, keyset, x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+        y = torch.ops.e2eprof.fastsoftmax.default.redispatch(keyset, x, dim, out_dtype)
         # Backward needs only y (dx = y * (dy - sum(dy * y))), so x is not kept alive.
         ctx.save_for_backward(y)
         ctx.dim = dim
@@ -161,31 +167,31 @@ class _FastSoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         (y,) = ctx.saved_tensors
-        return torch.ops.e2eprof.fastsoftmax_backward.default(grad_out, y, ctx.dim, ctx.in_dtype), None, None
+        return None, torch.ops.e2eprof.fastsoftmax_backward.default(grad_out, y, ctx.dim, ctx.in_dtype), None, None
 
 
-def _fastsoftmax_autograd(x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+def _fastsoftmax_autograd(keyset, x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    below = keyset & _BELOW_AUTOGRAD
     if torch.is_grad_enabled() and x.requires_grad:
-        return _FastSoftmaxFunction.apply(x, dim, out_dtype)
-    with torch._C._AutoDispatchBelowAutograd():
-        return torch.ops.e2eprof.fastsoftmax.default(x, dim, out_dtype)
+        return _FastSoftmaxFunction.apply(below, x, dim, out_dtype)
+    return torch.ops.e2eprof.fastsoftmax.default.redispatch(below, x, dim, out_dtype)
 
 
 def _fastsoftmax_backward_autograd(
-    grad_out: torch.Tensor, out: torch.Tensor, dim: int, in_dtype: torch.dtype
+    keyset, grad_out: torch.Tensor, out: torch.Tensor, dim: int, in_dtype: torch.dtype
 ) -> torch.Tensor:
     # No double backward: refuse rather than let autograd treat the gradient as a constant without a word.
     if torch.is_grad_enabled() and (grad_out.requires_grad or out.requires_grad):
         raise RuntimeError("e2eprof::fastsoftmax_backward is not differentiable (no double backward through fastsoftmax)")
-    with torch._C._AutoDispatchBelowAutograd():
-        return torch.ops.e2eprof.fastsoftmax_backward.default(grad_out, out, dim, in_dtype)
+    return torch.ops.e2eprof.fastsoftmax_backward.default.redispatch(keyset & _BELOW_AUTOGRAD, grad_out, out, dim,
+                                                                   in_dtype)
 
 
 # CompositeExplicitAutograd: every backend; the implementation itself raises for devices it has no code for.
 _LIB.impl("fastsoftmax", _fastsoftmax_impl, "CompositeExplicitAutograd")
 _LIB.impl("fastsoftmax_backward", _fastsoftmax_backward_impl, "CompositeExplicitAutograd")
-_LIB.impl("fastsoftmax", _fastsoftmax_autograd, "Autograd")
-_LIB.impl("fastsoftmax_backward", _fastsoftmax_backward_autograd, "Autograd")
+_LIB.impl("fastsoftmax", _fastsoftmax_autograd, "Autograd", with_keyset=True)
+_LIB.impl("fastsoftmax_backward", _fastsoftmax_backward_autograd, "Autograd", with_keyset=True)
 torch.library.register_fake("e2eprof::fastsoftmax", _fastsoftmax_fake, lib=_LIB)
 torch.library.register_fake("e2eprof::fastsoftmax_backward", _fastsoftmax_backward_fake, lib=_LIB)
 

@@ -235,3 +235,17 @@ def test_rejects_non_float():
         fastsoftmax(torch.ones(2, 3, dtype=torch.int64))
     with pytest.raises(TypeError):
         fastsoftmax(torch.randn(2, 3), -1, torch.int32)
+
+
+@pytest.mark.parametrize("requires_grad", [True, False], ids=["grad", "no grad"])
+def test_the_profiler_sees_one_op_event_per_call_and_one_backward(requires_grad):
+    # e2eprof's ops table and op diff count profiler events: an autograd kernel that called the op again through the
+    # dispatcher would show every forward twice (nested).
+    x = torch.randn(3, 5, requires_grad=requires_grad)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y = fastsoftmax(x, -1)
+        if requires_grad:
+            y.sum().backward()
+    names = [e.name for e in prof.events()]
+    assert names.count("e2eprof::fastsoftmax") == 1, names
+    assert names.count("e2eprof::fastsoftmax_backward") == (1 if requires_grad else 0), names
