@@ -11,6 +11,7 @@ import statistics
 from collections import defaultdict
 
 import pandas as pd
+import torch
 from safetensors.torch import load_file
 
 from e2eprof.correctness import PRECISION_DTYPE_NAME
@@ -104,8 +105,13 @@ def rank_agreement_rows(workload: str, arm: str, capture: dict, tolerance: float
     for rank, path in enumerate(paths[1:], start=1):
         other = load_file(path)
         worst, worst_key = 0.0, "-"
-        for key in sorted(k for k in first if k.startswith("grad/")):
-            if key not in other or other[key].shape != first[key].shape:
+        # Both ways: a gradient only one rank holds is a disagreement too.
+        for key in sorted(k for k in {*first, *other} if k.startswith("grad/")):
+            if key not in other or key not in first or other[key].shape != first[key].shape:
+                worst, worst_key = math.inf, key
+                break
+            # The norms below skip non-finite entries, so NaN/Inf must first sit in the same places on both ranks.
+            if not torch.equal(torch.isfinite(other[key]), torch.isfinite(first[key])):
                 worst, worst_key = math.inf, key
                 break
             error = ratio_of_norms(*error_norms(other[key], first[key]))

@@ -306,3 +306,25 @@ def test_nccl_runs_with_nvlink_multicast_off_unless_the_user_says(monkeypatch, t
     assert launch_env("cuda", ("127.0.0.1", 1234), b"k", tmp_path)["NCCL_NVLS_ENABLE"] == "1"
     cpu = launch_env("cpu", ("127.0.0.1", 1234), b"k", tmp_path)
     assert cpu[ENV_BACKEND] == "gloo"
+
+
+@pytest.mark.parametrize("change", ["nan on rank 0 only", "nan on rank 1 only", "extra gradient on rank 1", "same"])
+def test_rank_agreement_sees_nan_positions_and_gradients_only_one_rank_has(tmp_path, change):
+    import torch
+    from safetensors.torch import save_file
+
+    from e2eprof.distributed.ranks import rank_agreement_rows
+
+    rank0 = {"grad/w": torch.tensor([1.0, float("nan"), 3.0]), "loss": torch.tensor(1.0)}
+    rank1 = {k: v.clone() for k, v in rank0.items()}
+    if change == "nan on rank 0 only":
+        rank1["grad/w"][1] = 2.0  # the finite entries agree: only the NaN's position tells them apart
+    elif change == "nan on rank 1 only":
+        rank1["grad/w"][0] = float("nan")
+    elif change == "extra gradient on rank 1":
+        rank1["grad/b"] = torch.ones(2)
+    paths = [str(tmp_path / "r0.safetensors"), str(tmp_path / "r1.safetensors")]
+    save_file(rank0, paths[0])
+    save_file(rank1, paths[1])
+    (row,) = rank_agreement_rows("train-ddp", "patched", {"rank_paths": paths}, tolerance=1e-6)
+    assert row["passed"] == (change == "same"), row
