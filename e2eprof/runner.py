@@ -346,10 +346,11 @@ def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = Fa
                     if sampler.available else [])
                 if balance:
                     reports.write_table(out_dir, "balance", [r | {"run_id": run_id} for r in balance])
-                summary, verdicts = summarize(state.all_rows("steps"), state.all_rows("correctness"), config,
+                steps = state.all_rows("steps")
+                summary, verdicts = summarize(steps, state.all_rows("correctness"), config,
                                               state.failed_by_point, balance, state.timing)
                 _explain_into(summary, state, run_id)
-                dp.attach_rank_columns(summary, state.all_rows("steps"), state.profiles)
+                dp.attach_rank_columns(summary, steps, state.profiles)
                 _flag_implausible(summary, verdicts, config)
                 attach_memory(summary, state.all_rows("memory"))
                 run_row["verdict"] = worst([v.verdict for v in verdicts.values()])  # the run's: worst over (point, workload)

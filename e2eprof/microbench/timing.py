@@ -122,10 +122,6 @@ class Timer:
                 break
         return Samples(tuple(samples))
 
-    def copy_gbs(self, trials: int, nbytes: int | None = None) -> float:
-        """Device-to-device copy bandwidth in GB/s (bytes read + written), timed like the ops: the roofline."""
-        return copy_rates(self.copy_samples(trials, nbytes), nbytes or self.copy_bytes)[0]
-
     @property
     def copy_bytes(self) -> int:
         return COPY_BYTES.get(self.device.type, COPY_BYTES["cpu"])
