@@ -80,10 +80,9 @@ def _from_rows(y2d: torch.Tensor, shape: torch.Size, dim: int) -> torch.Tensor:
 # layers (a generic autograd kernel, a backend wrapper that checks aliasing, dynamo-disabling wrappers) that cost
 # more host time per call than the work of a small softmax. Here the dispatcher calls our own autograd kernel, which
 # redispatches straight to the implementation; the ops, their schemas, fake kernels and autograd are the same, so
-# traces, opcheck and torch.compile
-# see the same two named ops. On a 1x2x4x4 CPU tensor this cut about 20-25% of fastsoftmax's host time per call
-# (benchmarks/host_overhead.py). One difference: a double backward now raises when the first backward is taken
-# with create_graph=True, not later when the second one runs.
+# traces, opcheck and torch.compile see the same two named ops. On a 1x2x4x4 CPU tensor this cut about 20-25% of
+# fastsoftmax's host time per call (benchmarks/host_overhead.py). One difference: a double backward now raises
+# when the first backward is taken with create_graph=True, not later when the second one runs.
 _LIB = torch.library.Library("e2eprof", "FRAGMENT")  # kept alive for the registrations' lifetime
 _LIB.define("fastsoftmax(Tensor x, int dim, ScalarType? out_dtype) -> Tensor")
 _LIB.define("fastsoftmax_backward(Tensor grad_out, Tensor out, int dim, ScalarType in_dtype) -> Tensor")
