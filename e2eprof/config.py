@@ -43,7 +43,10 @@ class DeviceDefaults:
     def for_device(device: str) -> "DeviceDefaults":
         if device.startswith("cuda"):
             # torch.compile is the strongest stock path on a GPU; on a CPU its compile alone takes minutes.
-            return DeviceDefaults(batch=8, seq=1024, steps=40, block_steps=5, new_tokens=32, precision="bf16",
+            # 16 new tokens: decoding is host-bound (gpt2 on the H200: TPOT 11-24 ms whatever the arm), so a longer
+            # decode adds samples of the same per-token cost; at 32 tokens decoding took 150 of the default run's
+            # 348 s (warm-up, timing, profile).
+            return DeviceDefaults(batch=8, seq=1024, steps=40, block_steps=5, new_tokens=16, precision="bf16",
                                   max_warmup_steps=50, reference_arms=("sdpa", "compile"), budget_seconds=60.0,
                                   profile_warmup=2, profile_steps=3)
         # CPU step times are noisy (2-core laptops, shared CI): windows rarely agree within 2%, so cap warm-up low,

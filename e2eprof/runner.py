@@ -630,14 +630,61 @@ def _candidate_arm(config: CompareConfig) -> str:
     return AA_ARM if config.aa else "patched"
 
 
+def _overlapped(processes, state, calls: dict[str, tuple[str, dict]]) -> dict[str, object]:
+    """One command per arm, all sent before any answer is awaited: untimed work overlaps across arms.
+
+    Only for work that is not timed (correctness captures): the compile arm's recompilation for eval mode, the fp64
+    reference and the other arms' captures then take as long as the slowest of them, not their sum. An arm that
+    runs out of memory beside the others is asked again alone, as it would have been run before; a second failure
+    is recorded like any other. Results by arm; a failed arm is left out.
+    """
+    sent = []
+    for arm, (command, args) in calls.items():
+        if arm in state.arm_failures or (arm, args.get("workload")) in state.out_of_memory:
+            continue
+        try:
+            processes[arm].send(command, **args)
+            sent.append(arm)
+        except ArmFailed as failure:
+            _record_failure(state, failure, command, args.get("workload", "*"))
+    results, alone = {}, []
+    for arm in sent:
+        try:
+            results[arm] = processes[arm].receive()
+        except ArmFailed as failure:
+            if is_oom(failure):
+                alone.append(arm)
+            else:
+                _record_failure(state, failure, calls[arm][0], calls[arm][1].get("workload", "*"))
+    for arm in alone:
+        command, args = calls[arm]
+        result = _call(processes, state, arm, command, args)
+        if result is not None:
+            results[arm] = result
+    return results
+
+
 def _correctness_gate(config, workload, processes, state, patch, scratch, live) -> None:
-    """fp64 reference from the stock baseline, captures of every arm on pristine weights, op checks in the patched arm."""
-    reference = _call(processes, state, "baseline", "reference", {
-        "workload": workload, "path": scratch_path(str(scratch), "fp64", workload, "reference")})
+    """fp64 reference from the stock baseline, captures of every arm on pristine weights, op checks in the patched arm.
+
+    The captures of the other arms overlap the baseline's fp64 reference; the baseline's own capture follows it.
+    """
+    def capture(arm):
+        return "capture", {"workload": workload, "path": scratch_path(str(scratch), arm, workload, "capture"),
+                           "verify": arm == "patched"}
+
+    first = {arm: capture(arm) for arm in live() if arm != "baseline"}
+    first["baseline"] = ("reference", {"workload": workload,
+                                       "path": scratch_path(str(scratch), "fp64", workload, "reference")})
+    results = _overlapped(processes, state, first)
+    reference = results.pop("baseline", None)
+    if "baseline" in live():
+        baseline = _call(processes, state, "baseline", *capture("baseline"))
+        if baseline is not None:
+            results["baseline"] = baseline
     captures = {}
-    for arm in live():
-        result = _call(processes, state, arm, "capture", {
-            "workload": workload, "path": scratch_path(str(scratch), arm, workload, "capture"), "verify": arm == "patched"})
+    for arm in live():  # in the arms' order, so the rows are too
+        result = results.get(arm)
         if result:
             captures[arm] = result["path"]
             state.correctness += op_check_rows(workload, arm, result["op_checks"])

@@ -24,7 +24,7 @@ class TestDefaults:
 
     def test_cuda_defaults(self):
         d = DeviceDefaults.for_device("cuda:1")
-        assert (d.batch, d.seq, d.steps, d.block_steps, d.new_tokens, d.precision) == (8, 1024, 40, 5, 32, "bf16")
+        assert (d.batch, d.seq, d.steps, d.block_steps, d.new_tokens, d.precision) == (8, 1024, 40, 5, 16, "bf16")
 
     def test_explicit_values_win(self):
         c = config(batch=3, seq=16, steps=5, block_steps=2, precision="bf16", new_tokens=4, workloads=("infer",))

@@ -1,0 +1,98 @@
+"""runner._overlapped: untimed commands overlap across arms; an arm that runs out of memory beside others is retried
+alone. Real worker processes run this path in every compare test (the correctness gate); here the arms are small
+in-process stand-ins so that "out of memory only while another arm works" can be provoked on purpose."""
+
+from types import SimpleNamespace
+
+from e2eprof.arm_process import ArmFailed
+from e2eprof.runner import _overlapped
+from e2eprof.sweep import OOM_METRIC
+
+OOM = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+
+
+class Device:
+    """What the arms share: how many commands are in flight at once."""
+
+    def __init__(self):
+        self.in_flight = 0
+        self.log: list[str] = []
+
+
+class StandIn:
+    """An arm that answers after its command is 'sent'; `fails` decides, from the arms in flight, how it fails."""
+
+    def __init__(self, name, device, fails=lambda in_flight: None):
+        self.name, self.device, self.fails = name, device, fails
+        self.pending = None
+
+    def send(self, command, **kwargs):
+        self.device.in_flight += 1
+        self.device.log.append(f"send {self.name}")
+        self.pending = (command, kwargs, self.device.in_flight)
+
+    def receive(self):
+        command, kwargs, in_flight = self.pending
+        self.device.in_flight -= 1
+        self.device.log.append(f"receive {self.name}")
+        problem = self.fails(max(in_flight, self.device.in_flight + 1))
+        if problem:
+            raise ArmFailed(self.name, "error", problem)
+        return {"arm": self.name, "command": command, **kwargs}
+
+    def call(self, command, **kwargs):
+        self.send(command, **kwargs)
+        return self.receive()
+
+
+def state():
+    return SimpleNamespace(arm_failures={}, out_of_memory=set(), correctness=[])
+
+
+def test_every_command_is_sent_before_any_answer_is_awaited():
+    device = Device()
+    arms = {n: StandIn(n, device) for n in ("a", "b", "c")}
+    results = _overlapped(arms, state(), {n: ("capture", {"workload": "train"}) for n in arms})
+    assert device.log[:3] == ["send a", "send b", "send c"]
+    assert sorted(results) == ["a", "b", "c"] and results["b"]["command"] == "capture"
+
+
+def test_an_arm_out_of_memory_beside_others_is_retried_alone_and_kept():
+    device = Device()
+    arms = {"a": StandIn("a", device),
+            "big": StandIn("big", device, fails=lambda in_flight: OOM if in_flight > 1 else None)}
+    s = state()
+    results = _overlapped(arms, s, {n: ("capture", {"workload": "train"}) for n in arms})
+    assert sorted(results) == ["a", "big"]
+    assert s.correctness == [] and not s.out_of_memory and not s.arm_failures
+    assert device.log[-2:] == ["send big", "receive big"]  # the retry ran with nothing else in flight
+
+
+def test_out_of_memory_alone_too_is_recorded_and_the_arm_sits_the_workload_out():
+    device = Device()
+    arms = {"a": StandIn("a", device), "big": StandIn("big", device, fails=lambda in_flight: OOM)}
+    s = state()
+    results = _overlapped(arms, s, {n: ("capture", {"workload": "train"}) for n in arms})
+    assert sorted(results) == ["a"]
+    assert s.out_of_memory == {("big", "train")}
+    assert [r["metric"] for r in s.correctness] == [OOM_METRIC]
+
+
+def test_an_error_is_recorded_once_and_not_retried():
+    device = Device()
+    arms = {"a": StandIn("a", device), "bad": StandIn("bad", device, fails=lambda in_flight: "ValueError: wrong")}
+    s = state()
+    results = _overlapped(arms, s, {n: ("capture", {"workload": "infer"}) for n in arms})
+    assert sorted(results) == ["a"] and list(s.arm_failures) == ["bad"]
+    assert device.log.count("send bad") == 1
+    assert [r["metric"] for r in s.correctness] == ["arm_failed"]
+
+
+def test_arms_already_failed_or_out_of_memory_are_not_asked():
+    device = Device()
+    arms = {n: StandIn(n, device) for n in ("a", "gone", "full")}
+    s = state()
+    s.arm_failures["gone"] = ArmFailed("gone", "crash", "exit 1")
+    s.out_of_memory.add(("full", "train"))
+    results = _overlapped(arms, s, {n: ("capture", {"workload": "train"}) for n in arms})
+    assert sorted(results) == ["a"] and device.log == ["send a", "receive a"]
