@@ -480,23 +480,12 @@ def _flag_implausible(summary: list[dict], verdicts: dict, config: CompareConfig
 
 
 def _broadcast(processes: dict[str, ArmProcess], state: _RunState, command: str, **kwargs) -> dict[str, dict]:
-    """Send one command to every live arm, then collect: slow phases (model builds) overlap across arms."""
-    sent = []
-    for name, process in processes.items():
-        if name in state.arm_failures:
-            continue
-        try:
-            process.send(command, **kwargs)
-            sent.append(name)
-        except ArmFailed as failure:
-            _record_failure(state, failure, command)
-    results = {}
-    for name in sent:
-        try:
-            results[name] = processes[name].receive()
-        except ArmFailed as failure:
-            _record_failure(state, failure, command)
-    return results
+    """Send one command to every live arm, then collect: slow phases (model builds) overlap across arms.
+
+    A failure, out of memory included, is recorded as it comes: a build that does not fit beside the others is not
+    retried (an arm that cannot be built alongside the others cannot be measured alongside them either).
+    """
+    return _overlapped(processes, state, {name: (command, kwargs) for name in processes}, retry_out_of_memory=False)
 
 
 def _record_failure(state: _RunState, failure: ArmFailed, phase: str, workload: str = "*") -> None:
@@ -640,13 +629,15 @@ def _candidate_arm(config: CompareConfig) -> str:
     return AA_ARM if config.aa else "patched"
 
 
-def _overlapped(processes, state, calls: dict[str, tuple[str, dict]]) -> dict[str, object]:
+def _overlapped(processes, state, calls: dict[str, tuple[str, dict]], *,
+                retry_out_of_memory: bool = True) -> dict[str, object]:
     """One command per arm, all sent before any answer is awaited: untimed work overlaps across arms.
 
     Only for work that is not timed (correctness captures): the compile arm's recompilation for eval mode, the fp64
     reference and the other arms' captures then take as long as the slowest of them, not their sum. An arm that
     runs out of memory beside the others is asked again alone, as it would have been run before; a second failure
-    is recorded like any other. Results by arm; a failed arm is left out.
+    is recorded like any other (with retry_out_of_memory=False, the first). Results by arm; a failed arm is left
+    out.
     """
     sent = []
     for arm, (command, args) in calls.items():
@@ -662,7 +653,7 @@ def _overlapped(processes, state, calls: dict[str, tuple[str, dict]]) -> dict[st
         try:
             results[arm] = processes[arm].receive()
         except ArmFailed as failure:
-            if is_oom(failure):
+            if retry_out_of_memory and is_oom(failure):
                 alone.append(arm)
             else:
                 _record_failure(state, failure, calls[arm][0], calls[arm][1].get("workload", "*"))

@@ -96,3 +96,14 @@ def test_arms_already_failed_or_out_of_memory_are_not_asked():
     s.out_of_memory.add(("full", "train"))
     results = _overlapped(arms, s, {n: ("capture", {"workload": "train"}) for n in arms})
     assert sorted(results) == ["a"] and device.log == ["send a", "receive a"]
+
+
+def test_without_retry_an_out_of_memory_arm_is_recorded_at_once():
+    # runner._broadcast (model builds): every model lives beside the others for the whole run, so no retry alone.
+    device = Device()
+    arms = {"a": StandIn("a", device),
+            "big": StandIn("big", device, fails=lambda in_flight: OOM if in_flight > 1 else None)}
+    s = state()
+    results = _overlapped(arms, s, {n: ("build", {}) for n in arms}, retry_out_of_memory=False)
+    assert sorted(results) == ["a"] and list(s.arm_failures) == ["big"]
+    assert device.log.count("send big") == 1
