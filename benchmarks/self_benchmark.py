@@ -135,7 +135,8 @@ def verdict_columns(row: pd.Series) -> dict:
     significant = bool((row.ci_low > 1 or row.ci_high < 1) and row.mw_p_adjusted < 1 - CONFIDENCE)
     return {"verdict": row.verdict, "reasons": row.reasons, "speedup": float(row.speedup_vs_baseline),
             "ci_low": float(row.ci_low), "ci_high": float(row.ci_high), "mw_p_adjusted": float(row.mw_p_adjusted),
-            "significant": significant, "blocks": int(row.blocks), "timing_s": float(row.timing_s),
+            "significant": significant, "blocks": int(row.blocks),
+            "process_noise": float(row.get("process_noise", math.nan)), "timing_s": float(row.timing_s),
             "stop_reason": row.stop_reason}
 
 
@@ -385,17 +386,72 @@ def binomial_lower(k: int, n: int, confidence: float = 0.95) -> float:
     return 1 - binomial_upper(n - k, n, confidence) if n else 0.0
 
 
-def figure(part: str, table: pd.DataFrame) -> tuple[str, bool | None, list[str]]:
-    """The part's headline figure, whether it meets the target (None: nothing measured), and detail lines."""
+def within_interval(row) -> tuple[float, float]:
+    """A run's interval without the process noise its summary folded in (stats.with_process_noise, inverted)."""
+    from statistics import NormalDist
+
+    noise = getattr(row, "process_noise", math.nan)
+    if not (isinstance(noise, float) and noise > 0):
+        return row.ci_low, row.ci_high
+    extra = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2) * noise
+    centre = math.log(row.speedup)
+    below = math.sqrt(max((centre - math.log(row.ci_low)) ** 2 - extra ** 2, 0.0))
+    above = math.sqrt(max((math.log(row.ci_high) - centre) ** 2 - extra ** 2, 0.0))
+    return math.exp(centre - below), math.exp(centre + above)
+
+
+def within_halfwidths(runs: pd.DataFrame) -> pd.Series:
+    return pd.Series([(hi - lo) / 2 / r.speedup for r in runs.itertuples() for lo, hi in [within_interval(r)]],
+                     index=runs.index)
+
+
+def aa_process_noise(runs: pd.DataFrame) -> float:
+    """The process noise A/A runs imply (stats.process_noise_estimate on their within-run intervals); NaN under 3."""
+    from e2eprof import stats
+
+    if len(runs) < 3:
+        return math.nan
+    intervals = [within_interval(r) for r in runs.itertuples()]
+    return stats.process_noise_estimate(runs.speedup, [lo for lo, _ in intervals], [hi for _, hi in intervals],
+                                        CONFIDENCE)
+
+
+def aa_significant(runs: pd.DataFrame, process_noise: float) -> pd.Series:
+    """Each A/A run judged as e2eprof judges now: its within-run interval widened by PROCESS_NOISE excludes 1 and
+    the adjusted Mann-Whitney p is under 1 - confidence."""
+    from e2eprof import stats
+
+    judged = []
+    for r in runs.itertuples():
+        low, high = within_interval(r)
+        wide = stats.with_process_noise(stats.RatioCI(r.speedup, low, high, CONFIDENCE, 0, "stored"), process_noise)
+        judged.append(bool((wide.low > 1 or wide.high < 1) and r.mw_p_adjusted < 1 - CONFIDENCE))
+    return pd.Series(judged, index=runs.index, dtype=bool)
+
+
+def figure(part: str, table: pd.DataFrame, default_noise: float = 0.0) -> tuple[str, bool | None, list[str]]:
+    """The part's headline figure, whether it meets the target (None: nothing measured), and detail lines.
+
+    default_noise: the device's default process noise, with which A/A runs are judged (see aa_significant)."""
     ok = table[table.get("error", pd.Series("", index=table.index)).fillna("") == ""] if len(table) else table
     if part == "aa":
         n = len(ok)
         if not n:
             return "no completed A/A run", None, []
-        k = int(ok.significant.sum())
-        detail = [(f"- verdicts: {ok.verdict.value_counts().to_dict()}; median noise floor (CI half-width) "
-                   f"{((ok.ci_high - ok.ci_low) / 2).median() * 100:.2f}%")]
-        return (f"{k} of {n} A/A runs significant ({k / n:.0%}; 95% upper bound {binomial_upper(k, n):.0%})",
+        noise = aa_process_noise(ok)
+        judged = aa_significant(ok, default_noise)
+        k = int(judged.sum())
+        held_out = ok.process_noise.fillna(0) > 0 if "process_noise" in ok else pd.Series(False, index=ok.index)
+        detail = [
+            f"- verdicts as the tool gave them: {ok.verdict.value_counts().to_dict()}; {int(ok.significant.sum())} of {n} "
+            f"significant (runs from before process noise was folded in were judged on their within-run interval)",
+            f"- median within-run interval half-width {within_halfwidths(ok).median() * 100:.2f}%; process noise these "
+            f"runs imply (spread of their ratios beyond their intervals): {noise * 100:.2f}%",
+            f"- judged with process noise {default_noise * 100:.2f}% (the device default): {k} of {n} significant",
+            f"- of those, runs measured with the default in force (not used to set it): {int(judged[held_out].sum())} of "
+            f"{int(held_out.sum())} significant"]
+        return (f"{k} of {n} A/A runs significant with process noise {default_noise * 100:.2f}% "
+                f"({k / n:.0%}; 95% upper bound {binomial_upper(k, n):.0%})",
                 UNRESOLVED if n < MIN_AA_RUNS else k / n <= 0.05, detail)
     if part == "sensitivity":
         if not len(ok):
@@ -466,8 +522,8 @@ def versions(device: str) -> dict:
             "transformers": env["transformers"], "triton": env["triton"]}
 
 
-def markdown(part: str, table: pd.DataFrame) -> str:
-    text, meets, detail = figure(part, table)
+def markdown(part: str, table: pd.DataFrame, default_noise: float = 0.0) -> str:
+    text, meets, detail = figure(part, table, default_noise)
     mark = MARKS[meets]
     env = "; ".join(f"{k} {', '.join(map(str, table[k].dropna().unique()))}" for k in
                     ("gpu", "python", "torch", "transformers", "triton", "model", "workload") if k in table)
@@ -493,7 +549,7 @@ def write(part: str, new_rows: list[dict], s: Settings, keep_old: bool) -> pd.Da
     if keep_old and path.exists():
         frame = pd.concat([pd.read_parquet(path), frame], ignore_index=True)
     frame.to_parquet(path, index=False)
-    (s.out / f"{part}.md").write_text(markdown(part, frame))
+    (s.out / f"{part}.md").write_text(markdown(part, frame, s.resolved().process_noise))
     return frame
 
 

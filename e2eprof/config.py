@@ -23,6 +23,15 @@ def suggest(name: str, known: list[str] | tuple[str, ...]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+# How far two identical processes' step times differ beyond their own intervals (relative SD of the A/A log-ratio;
+# stats.with_process_noise). Measured, not assumed: benchmarks/self_benchmark.py --part aa estimates it from A/A runs.
+# H200, gpt2 train, bf16, batch 8 x 1024: 11 A/A runs on 2026-12-02/03 (reports/self-benchmark-h200/aa.md). The
+# per-kernel device time of a step is constant to 0.1 ms; what moves between processes is the GPU's idle time
+# between kernels (4.5-6.5 ms of a 93 ms step), i.e. how fast the host keeps the queue fed.
+H200_PROCESS_NOISE = 0.0044
+CPU_PROCESS_NOISE = 0.0  # replaced below once measured
+
+
 @dataclass(frozen=True)
 class DeviceDefaults:
     """Sizes that fit the device: full GPT-2 batches on a GPU, a few seconds per step on a laptop CPU."""
@@ -38,6 +47,7 @@ class DeviceDefaults:
     budget_seconds: float
     profile_warmup: int
     profile_steps: int
+    process_noise: float
 
     @staticmethod
     def for_device(device: str) -> "DeviceDefaults":
@@ -48,7 +58,7 @@ class DeviceDefaults:
             # 348 s (warm-up, timing, profile).
             return DeviceDefaults(batch=8, seq=1024, steps=40, block_steps=5, new_tokens=16, precision="bf16",
                                   max_warmup_steps=50, reference_arms=("sdpa", "compile"), budget_seconds=60.0,
-                                  profile_warmup=2, profile_steps=3)
+                                  profile_warmup=2, profile_steps=3, process_noise=H200_PROCESS_NOISE)
         # CPU step times are noisy (2-core laptops, shared CI): windows rarely agree within 2%, so cap warm-up low,
         # and spend no extra time chasing a 1% interval that a CPU will not give in minutes.
         # GPT-2's 50k-token LM head makes a CPU train step cost ~0.2 s per 32 tokens on two cores: one 64-token
@@ -56,7 +66,7 @@ class DeviceDefaults:
         return DeviceDefaults(batch=1, seq=64, steps=6, block_steps=2, new_tokens=8, precision="fp32",
                               max_warmup_steps=6, reference_arms=("sdpa",), budget_seconds=0.0,
                               # The CPU profiler records every op with shapes: a gpt2 train step costs ~3x under it.
-                              profile_warmup=1, profile_steps=2)
+                              profile_warmup=1, profile_steps=2, process_noise=CPU_PROCESS_NOISE)
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,7 @@ class CompareConfig:
     confidence: float = 0.95  # of every interval; 1 - confidence is the significance level
     correction: str = "holm"  # across workloads: holm (family-wise), bh (false discovery rate) or none
     aa: bool = False  # A/A calibration: the baseline against a second, identical baseline process
+    process_noise: float | None = None  # between-process spread folded into every interval (default by device)
     target_half_width: float = 0.01  # adaptive length: add blocks until the speedup interval is this tight...
     budget_seconds: float | None = None  # ...or this much more timed time per workload is spent (default by device)
     max_blocks: int = 400  # and never more blocks than this per arm
@@ -125,7 +136,7 @@ class CompareConfig:
                      rdzv_endpoint=self.rdzv_endpoint, find_max_batch=self.find_max_batch)
         defaults = DeviceDefaults.for_device(device)
         for name in ("batch", "seq", "steps", "block_steps", "new_tokens", "precision", "max_warmup_steps",
-                     "reference_arms", "budget_seconds", "profile_warmup", "profile_steps"):
+                     "reference_arms", "budget_seconds", "profile_warmup", "profile_steps", "process_noise"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, getattr(defaults, name))
         for name, low in (("batch", 1), ("seq", 2)):
@@ -162,6 +173,8 @@ class CompareConfig:
             raise UsageError(f"clock_tolerance: must be a fraction such as 0.02, got {self.clock_tolerance}")
         if not 0 < self.temp_tolerance_c < 100:
             raise UsageError(f"temp_tolerance_c: must be in degrees C, got {self.temp_tolerance_c}")
+        if not (isinstance(self.process_noise, (int, float)) and 0 <= self.process_noise < 0.5):
+            raise UsageError(f"--process-noise: must be a fraction such as 0.004 (0 to switch it off), got {self.process_noise}")
         if not 0 < self.target_half_width < 0.5:
             raise UsageError(f"--target-ci: must be a fraction such as 0.01, got {self.target_half_width}")
         if not 0 <= self.budget_seconds <= 86400:

@@ -11,6 +11,7 @@
     temp_tolerance_c = 5
     warmup_tolerance = 0.02
     max_warmup_seconds = 60
+    process_noise = 0.0044    # between-process spread folded into every interval (measure yours with A/A runs)
 
 Command-line options given explicitly win over the file. Unknown keys are an error (a typo such as
 `min_speedp` must not silently leave the default in force).
@@ -36,6 +37,7 @@ POLICY_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
     "temp_tolerance_c": ("temp_tolerance_c", (int, float)),
     "warmup_tolerance": ("warmup_tolerance", (int, float)),
     "max_warmup_seconds": ("max_warmup_seconds", (int, float)),
+    "process_noise": ("process_noise", (int, float)),
 }
 
 

@@ -609,13 +609,17 @@ def _stop_reason(config, state, workload: str, blocks: int, elapsed: float) -> s
         ci = stats.ratio_of_medians_ci([w for w, _ in base], [w for w, _ in cand], baseline_blocks=[b for _, b in base],
                                        candidate_blocks=[b for _, b in cand], confidence=config.confidence,
                                        n_boot=1000, seed=config.seed)
-        half = stats.ci_halfwidth_rel(ci)
-        if half <= config.target_half_width:
+        if stats.ci_halfwidth_rel(stats.with_process_noise(ci, config.process_noise)) <= config.target_half_width:
             return "target interval reached"
-        # Precision, not the result, again: an interval narrows about as 1/sqrt(time), so one that would still be
-        # wider than the target after OUT_OF_REACH budgets will not get there in this one (host-bound decoding on
-        # the H200: +-7% after 30 s, which the 60 s budget cannot bring near 1%). Stop instead of spending it.
-        if elapsed * (half / config.target_half_width) ** 2 > OUT_OF_REACH * config.budget_seconds:
+        # Precision, not the result, again: the within-run part of an interval narrows about as 1/sqrt(time) while
+        # the process-noise part does not, so timing stops when even OUT_OF_REACH budgets would not bring the whole
+        # interval to the target (host-bound decoding on the H200: +-7% after 30 s, which the 60 s budget cannot
+        # bring near 1%), or at once when the process noise alone is wider than the target.
+        floor = stats.process_noise_half_width(config.process_noise, config.confidence)
+        if floor >= config.target_half_width:
+            return "target below the process noise"
+        needed = math.sqrt(config.target_half_width ** 2 - floor ** 2)
+        if elapsed * (stats.ci_halfwidth_rel(ci) / needed) ** 2 > OUT_OF_REACH * config.budget_seconds:
             return "target out of reach within the budget"
     if elapsed >= config.budget_seconds:
         return "time budget spent"

@@ -13,7 +13,8 @@ Conventions:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from statistics import NormalDist
 
 import numpy as np
 
@@ -40,6 +41,7 @@ class RatioCI:
     confidence: float
     n_boot: int
     method: str
+    process_noise: float = 0.0  # the between-process spread folded in by with_process_noise (0: within-run only)
 
 
 @dataclass(frozen=True)
@@ -252,6 +254,48 @@ def _paired_block_bootstrap(x, bx, y, by, block_ids, n_boot: int, rng: np.random
         med_y = _row_medians(my[draw].reshape(b - a, -1))
         out[a:b] = med_x / med_y
     return out
+
+
+def with_process_noise(ci: RatioCI, process_noise: float) -> RatioCI:
+    """The interval widened by what one pair of processes cannot show: the spread between identical processes.
+
+    The bootstrap sees only the two processes that ran, so an offset belonging to a process (on the H200, host-side
+    gaps between kernels that differ from one process to the next) looks like a real difference. ``process_noise``
+    is the relative standard deviation of the log-ratio between two identical processes beyond their own interval,
+    measured from A/A runs (benchmarks/self_benchmark.py --part aa prints it). Each side of the interval is widened
+    in quadrature on the log scale, z * process_noise added to its distance from the ratio, so an asymmetric
+    interval stays asymmetric and 0 returns the interval unchanged.
+    """
+    if not (math.isfinite(process_noise) and process_noise >= 0):
+        raise ValueError(f"process_noise must be a finite fraction >= 0, got {process_noise}")
+    if process_noise == 0 or not (ci.ratio > 0 and ci.low > 0 and ci.high > 0):
+        return ci
+    extra = process_noise_half_width(process_noise, ci.confidence)
+    centre = math.log(ci.ratio)
+    below, above = centre - math.log(ci.low), math.log(ci.high) - centre
+    return replace(ci, low=math.exp(centre - math.hypot(below, extra)), high=math.exp(centre + math.hypot(above, extra)),
+                   method=f"{ci.method}+process-noise", process_noise=process_noise)
+
+
+def process_noise_half_width(process_noise: float, confidence: float = 0.95) -> float:
+    """The relative half-width process noise alone gives an interval: the narrowest any run of one process per arm
+    can reach, however long it times."""
+    return NormalDist().inv_cdf(0.5 + confidence / 2) * process_noise
+
+
+def process_noise_estimate(ratios, lows, highs, confidence: float = 0.95) -> float:
+    """The process noise that A/A runs imply: their log-ratios' spread beyond what their own intervals show.
+
+    Var(log ratio across runs) = mean within-run variance (each interval's half-width / z, squared) + process
+    noise squared; negative excess (intervals already wide enough) gives 0. Needs at least 3 runs.
+    """
+    r, lo, hi = (np.asarray(v, dtype=float) for v in (ratios, lows, highs))
+    if r.size < 3:
+        raise ValueError(f"need at least 3 A/A runs to estimate process noise, got {r.size}")
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    within = ((np.log(hi) - np.log(lo)) / (2 * z)) ** 2
+    excess = float(np.var(np.log(r), ddof=1) - within.mean())
+    return math.sqrt(excess) if excess > 0 else 0.0
 
 
 def mann_whitney(a, b) -> MWResult:

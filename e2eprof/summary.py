@@ -65,9 +65,11 @@ class _Workload:
         if base_arm not in self.samples or cand_arm not in self.samples:
             return None
         b, c = self.samples[base_arm], self.samples[cand_arm]
-        return stats.ratio_of_medians_ci(_ms(b), _ms(c), baseline_blocks=b.block.to_numpy(),
-                                         candidate_blocks=c.block.to_numpy(), confidence=self.config.confidence,
-                                         seed=self.config.seed)
+        within = stats.ratio_of_medians_ci(_ms(b), _ms(c), baseline_blocks=b.block.to_numpy(),
+                                           candidate_blocks=c.block.to_numpy(), confidence=self.config.confidence,
+                                           seed=self.config.seed)
+        # Every arm is its own process: what separates two identical processes belongs in every interval.
+        return stats.with_process_noise(within, self.config.process_noise)
 
     def mann_whitney_p(self, arm: str) -> float:
         if arm == "baseline" or "baseline" not in self.samples or arm not in self.samples:
@@ -163,6 +165,7 @@ def _workload_rows(frame, checks, config, workload, candidate, balance, times) -
             row[f"{ref}_ci_low"] = ref_ci.low if on_candidate else math.nan
             row[f"{ref}_ci_high"] = ref_ci.high if on_candidate else math.nan
         if arm == candidate and ci is not None:
+            row["process_noise"] = ci.process_noise
             row["ci_half_width"] = stats.ci_halfwidth_rel(ci)
             row["mde"] = stats.minimum_detectable_effect(ci)
             row.update({k: v for k, v in times.items() if k in ("stop_reason", "timing_s")})
@@ -222,5 +225,6 @@ def _decide_workload(workload, info, checks, config, failed_arms, balance, candi
     correctness_rows = checks[(checks.arm == "patched") & checks.workload.isin([workload, "*"])
                               & ~checks.metric.isin(KERNEL_PROOF_METRICS)] if len(checks) else checks
     return decide(target_half_width=config.target_half_width,
+                  noise_floor=stats.process_noise_half_width(config.process_noise, config.confidence),
                   correct=bool(len(correctness_rows)) and bool(correctness_rows.passed.all()),
                   kernel_ran=patched_ran, baseline_clean=baseline_clean, **common)

@@ -66,24 +66,30 @@ def _conditions(balance: list[dict] | None) -> tuple[list[str], list[str]]:
     return imbalance, notes
 
 
-def _more_steps(half_width: float, target: float) -> str:
-    """What would settle it: an interval's width shrinks roughly with the square root of the number of steps."""
+def _more_steps(half_width: float, target: float, floor: float = 0.0) -> str:
+    """What would settle it: the within-run part of an interval shrinks roughly with the square root of the number of
+    steps; the process-noise part (floor, the half-width it alone gives) does not shrink at all."""
+    if floor > 0 and target <= floor:
+        return (f": {target * 100:g}% is inside the {floor * 100:.1f}% that separates identical processes on this "
+                "machine (--process-noise); more steps cannot resolve it, repeated runs can")
     if not (math.isfinite(half_width) and half_width > target > 0):
         return ": raise --steps or --budget"
-    factor = (half_width / target) ** 2
+    within = math.sqrt(max(half_width ** 2 - floor ** 2, 0.0))
+    factor = (within / math.sqrt(target ** 2 - floor ** 2)) ** 2
     return f": about {factor:.0f}x as many timed steps (raise --steps or --budget) would resolve {target * 100:g}%"
 
 
 def decide(*, correct: bool, kernel_ran: bool, baseline_clean: bool, arm_failed: bool, n_baseline: int,
            n_patched: int, ratio: float, ci_low: float, ci_high: float, min_speedup: float,
            balance: list[dict] | None = None, p_adjusted: float = math.nan, alpha: float = 0.05,
-           target_half_width: float = 0.01) -> Verdict:
+           target_half_width: float = 0.01, noise_floor: float = 0.0) -> Verdict:
     """Apply the sign-off rules for one workload (or sweep point); see the module docstring.
 
     balance: telemetry.arm_balance rows. Arms that ran at different clocks or temperatures cannot PASS (the
     difference may be the card's, not the kernel's); throttled steps are named in the reasons of any verdict.
     p_adjusted: the Mann-Whitney p-value after adjustment across the run's workloads; a difference is only
-    called significant when the interval excludes 1 AND this is at most alpha.
+    called significant when the interval excludes 1 AND this is at most alpha. The interval already carries the
+    process noise (stats.with_process_noise); noise_floor, the half-width that noise alone gives, shapes the advice.
     """
     imbalance, notes = _conditions(balance)
     significant = _significant(p_adjusted, alpha)
@@ -120,7 +126,7 @@ def decide(*, correct: bool, kernel_ran: bool, baseline_clean: bool, arm_failed:
     half = (ci_high - ci_low) / 2
     return Verdict(INCONCLUSIVE, [NO_SIGNIFICANT_DIFFERENCE, *notes],
                    f"speedup {ratio:.4f} with interval [{ci_low:.4f}, {ci_high:.4f}]; a difference under "
-                   f"~{half * 100:.1f}% cannot be resolved with this many steps{_more_steps(half, target_half_width)}")
+                   f"~{half * 100:.1f}% cannot be resolved with this many steps{_more_steps(half, target_half_width, noise_floor)}")
 
 
 def decide_aa(*, correct: bool, arm_failed: bool, n_baseline: int, n_patched: int, ratio: float, ci_low: float,

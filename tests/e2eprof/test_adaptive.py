@@ -26,7 +26,8 @@ def steps(noise, blocks=10, per_block=5, seed=0):
 
 
 def config(**changes):
-    return CompareConfig(**({"model": "gpt2-tiny", "patch": "fastsoftmax", "device": "cpu", "budget_seconds": 60.0} | changes))
+    return CompareConfig(**({"model": "gpt2-tiny", "patch": "fastsoftmax", "device": "cpu", "budget_seconds": 60.0,
+                             "process_noise": 0.0} | changes))
 
 
 def test_tight_interval_stops_early():
