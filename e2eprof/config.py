@@ -29,7 +29,10 @@ def suggest(name: str, known: list[str] | tuple[str, ...]) -> str:
 # per-kernel device time of a step is constant to 0.1 ms; what moves between processes is the GPU's idle time
 # between kernels (4.5-6.5 ms of a 93 ms step), i.e. how fast the host keeps the queue fed.
 H200_PROCESS_NOISE = 0.0044
-CPU_PROCESS_NOISE = 0.0  # replaced below once measured
+# CPU: 12 A/A runs of the CPU defaults on a shared 2-core machine imply ~11% (reports/self-benchmark-cpu/aa.md), far
+# beyond what 3 blocks per arm resolve anyway. Left at 0 so a CPU run shows its within-run interval only; CPU verdicts
+# are for trying the tool, and --process-noise 0.11 applies the measured figure.
+CPU_PROCESS_NOISE = 0.0
 
 
 @dataclass(frozen=True)
