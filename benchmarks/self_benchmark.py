@@ -387,17 +387,15 @@ def binomial_lower(k: int, n: int, confidence: float = 0.95) -> float:
 
 
 def within_interval(row) -> tuple[float, float]:
-    """A run's interval without the process noise its summary folded in (stats.with_process_noise, inverted)."""
-    from statistics import NormalDist
+    """A run's interval without the process noise its summary folded in (stats.without_process_noise)."""
+    from e2eprof import stats
 
     noise = getattr(row, "process_noise", math.nan)
     if not (isinstance(noise, float) and noise > 0):
         return row.ci_low, row.ci_high
-    extra = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2) * noise
-    centre = math.log(row.speedup)
-    below = math.sqrt(max((centre - math.log(row.ci_low)) ** 2 - extra ** 2, 0.0))
-    above = math.sqrt(max((math.log(row.ci_high) - centre) ** 2 - extra ** 2, 0.0))
-    return math.exp(centre - below), math.exp(centre + above)
+    within = stats.without_process_noise(stats.RatioCI(row.speedup, row.ci_low, row.ci_high, CONFIDENCE, 0, "stored",
+                                                       process_noise=noise))
+    return within.low, within.high
 
 
 def within_halfwidths(runs: pd.DataFrame) -> pd.Series:

@@ -277,6 +277,18 @@ def with_process_noise(ci: RatioCI, process_noise: float) -> RatioCI:
                    method=f"{ci.method}+process-noise", process_noise=process_noise)
 
 
+def without_process_noise(ci: RatioCI) -> RatioCI:
+    """The within-run interval with_process_noise started from (its exact inverse): what the bootstrap alone said."""
+    if ci.process_noise == 0:
+        return ci
+    extra = process_noise_half_width(ci.process_noise, ci.confidence)
+    centre = math.log(ci.ratio)
+    below = math.sqrt(max((centre - math.log(ci.low)) ** 2 - extra ** 2, 0.0))
+    above = math.sqrt(max((math.log(ci.high) - centre) ** 2 - extra ** 2, 0.0))
+    return replace(ci, low=math.exp(centre - below), high=math.exp(centre + above),
+                   method=ci.method.removesuffix("+process-noise"), process_noise=0.0)
+
+
 def process_noise_half_width(process_noise: float, confidence: float = 0.95) -> float:
     """The relative half-width process noise alone gives an interval: the narrowest any run of one process per arm
     can reach, however long it times."""
@@ -292,8 +304,7 @@ def process_noise_estimate(ratios, lows, highs, confidence: float = 0.95) -> flo
     r, lo, hi = (np.asarray(v, dtype=float) for v in (ratios, lows, highs))
     if r.size < 3:
         raise ValueError(f"need at least 3 A/A runs to estimate process noise, got {r.size}")
-    z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    within = ((np.log(hi) - np.log(lo)) / (2 * z)) ** 2
+    within = ((np.log(hi) - np.log(lo)) / (2 * process_noise_half_width(1.0, confidence))) ** 2
     excess = float(np.var(np.log(r), ddof=1) - within.mean())
     return math.sqrt(excess) if excess > 0 else 0.0
 

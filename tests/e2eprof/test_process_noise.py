@@ -32,6 +32,8 @@ def test_each_side_grows_in_quadrature_on_the_log_scale():
     assert math.log(wide.low) == pytest.approx(-math.hypot(0.003, extra))
     assert math.log(wide.high) == pytest.approx(math.hypot(0.005, extra))
     assert wide.ratio == ci.ratio and wide.process_noise == 0.004 and wide.method.endswith("+process-noise")
+    back = stats.without_process_noise(wide)
+    assert (back.low, back.high) == (pytest.approx(ci.low), pytest.approx(ci.high)) and back.method == ci.method
 
 
 @pytest.mark.parametrize("bad", [-0.001, math.nan, math.inf])
