@@ -11,7 +11,8 @@ one call (20 A/A runs) is run as several calls into the same OUT.
   cost         default `compare --model gpt2 --patch fastsoftmax` by phases.parquet    target: < 3 min, timing >= half
   agreement    profiled softmax kernel time vs triton do_bench and torch.utils.benchmark   target: within 5%
 
-Runs shell out to `python3 -m e2eprof ...` and read their Parquet; nothing is installed.
+Each run is the e2eprof command line (aa and sensitivity run it inside this process, the cost part as its own
+`python3 -m e2eprof ...`) and is read back from its Parquet; nothing is installed.
 Usage (from the checkout): PYTHONPATH=$PWD python3 benchmarks/self_benchmark.py --part aa --runs 10 --out DIR
 CPU dry run: add --model gpt2-tiny --runs 1 --steps 6 (parts that need CUDA record why they were skipped).
 """
@@ -19,6 +20,7 @@ CPU dry run: add --model gpt2-tiny --runs 1 --steps 6 (parts that need CUDA reco
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import math
 import os
@@ -69,6 +71,7 @@ class Settings:
     seq: int | None
     dtype: str | None
     budget: float | None
+    replicas: int | None
     command: str
     started: float
 
@@ -76,7 +79,7 @@ class Settings:
         """The tiny-settings options every e2eprof run of this benchmark gets."""
         args = ["--device", self.device]
         for flag, value in (("--steps", self.steps), ("--block-steps", self.block_steps), ("--batch", self.batch),
-                            ("--seq", self.seq), ("--dtype", self.dtype)):
+                            ("--seq", self.seq), ("--dtype", self.dtype), ("--replicas", self.replicas)):
             if value is not None:
                 args += [flag, str(value)]
         return args
@@ -94,7 +97,7 @@ class Settings:
         defaults = DeviceDefaults.for_device(self.device)
         return DeviceDefaults(**{**defaults.__dict__, **{k: v for k, v in (
             ("batch", self.batch), ("seq", self.seq), ("steps", self.steps), ("block_steps", self.block_steps),
-            ("precision", self.dtype)) if v is not None}})
+            ("precision", self.dtype), ("replicas", self.replicas)) if v is not None}})
 
 
 # ---- running e2eprof and reading what it wrote ------------------------------------------------------------------
@@ -108,8 +111,14 @@ class RunResult:
     error: str  # empty when the run wrote its summary
 
 
-def run_e2eprof(args: list[str], run_dir: Path, env: dict | None = None) -> RunResult:
-    """One e2eprof command in a fresh process; its output goes to RUN_DIR.log, never to our stdout."""
+def run_e2eprof(args: list[str], run_dir: Path, env: dict | None = None, *, fresh_process: bool = False) -> RunResult:
+    """One e2eprof command; its output goes to RUN_DIR.log, never to our stdout.
+
+    By default it runs inside this process (e2eprof.cli.main, exactly as `python3 -m e2eprof` would): the arms are
+    fresh worker processes either way, and a new interpreter per run would add ~8 s of importing torch and
+    transformers on the H200's host to every one of dozens of runs. fresh_process=True runs it as its own process,
+    for the cost part, which measures that start-up too. env is set for the run (its workers inherit it).
+    """
     argv = [sys.executable, "-m", "e2eprof", *args, "--out", str(run_dir), "--force"]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     shown = " ".join(shlex.quote(a) for a in ["python3", *argv[1:]])
@@ -117,12 +126,32 @@ def run_e2eprof(args: list[str], run_dir: Path, env: dict | None = None) -> RunR
         shown = " ".join(f"{k}={v}" for k, v in env.items()) + " " + shown
     start = time.perf_counter()
     with open(f"{run_dir}.log", "w") as log:
-        code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        if fresh_process:
+            code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        else:
+            code = _in_process(argv[3:], log, env or {})
     wall = time.perf_counter() - start
     # 0 PASS, 1 FAIL, 3 INCONCLUSIVE are verdicts; 2 (bad input) and 4 (run failed) are not.
     error = "" if code in (0, 1, 3) and (run_dir / "summary.parquet").exists() else f"exit {code}, see {run_dir}.log"
     print(f"  {run_dir.name}: exit {code}, {wall:.1f} s{'  ' + error if error else ''}", flush=True)
     return RunResult(run_dir, shown, code, wall, error)
+
+
+def _in_process(args: list[str], log, env: dict) -> int:
+    """e2eprof.cli.main(args) with its output (both consoles read sys.stdout/sys.stderr when they print) in log."""
+    from e2eprof.cli import main as e2eprof_main
+
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            return e2eprof_main(args)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def signed_row(run_dir: Path) -> pd.Series:
@@ -137,6 +166,7 @@ def verdict_columns(row: pd.Series) -> dict:
             "ci_low": float(row.ci_low), "ci_high": float(row.ci_high), "mw_p_adjusted": float(row.mw_p_adjusted),
             "significant": significant, "blocks": int(row.blocks),
             "process_noise": float(row.get("process_noise", math.nan)), "timing_s": float(row.timing_s),
+            "processes": int(row.get("processes", 1) if pd.notna(row.get("processes", 1)) else 1),
             "stop_reason": row.stop_reason}
 
 
@@ -293,7 +323,7 @@ def part_cost(s: Settings) -> list[dict]:
     # Every workload unless --workload was given (a CPU dry run keeps to one).
     workload = ["--workload", s.workload] if s.workload_given else []
     result = run_e2eprof(["compare", "--model", s.model, "--patch", "fastsoftmax", *workload, *s.passthrough(),
-                          *budget], run_dir)
+                          *budget], run_dir, fresh_process=True)
     if result.error:
         return [{"phase": "compare", "workload": "*", "seconds": result.wall_s} | failed_row(result)]
     phases = pd.read_parquet(run_dir / "phases.parquet")
@@ -414,58 +444,86 @@ def aa_process_noise(runs: pd.DataFrame) -> float:
                                         CONFIDENCE)
 
 
+def processes_per_arm(runs: pd.DataFrame) -> pd.Series:
+    """Processes each arm of a run had (runs from before replicas: 1)."""
+    if "processes" not in runs:
+        return pd.Series(1, index=runs.index, dtype=int)
+    return runs.processes.fillna(1).astype(int)
+
+
 def aa_significant(runs: pd.DataFrame, process_noise: float) -> pd.Series:
-    """Each A/A run judged as e2eprof judges now: its within-run interval widened by PROCESS_NOISE excludes 1 and
-    the adjusted Mann-Whitney p is under 1 - confidence."""
+    """Each A/A run judged as e2eprof judges now: its within-run interval widened by PROCESS_NOISE (for one process
+    per arm; less for a run with more, stats.replicated_process_noise) excludes 1 and the adjusted Mann-Whitney p is
+    under 1 - confidence."""
     from e2eprof import stats
 
     judged = []
-    for r in runs.itertuples():
+    for r, processes in zip(runs.itertuples(), processes_per_arm(runs)):
         low, high = within_interval(r)
-        wide = stats.with_process_noise(stats.RatioCI(r.speedup, low, high, CONFIDENCE, 0, "stored"), process_noise)
+        noise = stats.replicated_process_noise(process_noise, processes, processes)
+        wide = stats.with_process_noise(stats.RatioCI(r.speedup, low, high, CONFIDENCE, 0, "stored"), noise)
         judged.append(bool((wide.low > 1 or wide.high < 1) and r.mw_p_adjusted < 1 - CONFIDENCE))
     return pd.Series(judged, index=runs.index, dtype=bool)
 
 
-def figure(part: str, table: pd.DataFrame, default_noise: float = 0.0) -> tuple[str, bool | None, list[str]]:
+def aa_lines(runs: pd.DataFrame, default_noise: float, processes: int) -> tuple[int, list[str]]:
+    """(significant runs, detail lines) for A/A runs that all had PROCESSES processes per arm."""
+    n = len(runs)
+    judged = aa_significant(runs, default_noise)
+    k = int(judged.sum())
+    implied = aa_process_noise(runs)
+    held_out = runs.process_noise.fillna(0) > 0 if "process_noise" in runs else pd.Series(False, index=runs.index)
+    return k, [
+        f"- **{processes} process(es) per arm**, {n} runs: verdicts as the tool gave them "
+        f"{runs.verdict.value_counts().to_dict()}, {int(runs.significant.sum())} significant (runs from before process "
+        f"noise was folded in were judged on their within-run interval)",
+        f"  - median within-run interval half-width {within_halfwidths(runs).median() * 100:.2f}%; the spread of their "
+        f"ratios beyond their intervals implies process noise {implied * 100:.2f}%"
+        + (f", i.e. {implied * math.sqrt(processes) * 100:.2f}% for one process against one" if processes > 1 else ""),
+        f"  - judged with process noise {default_noise * 100:.2f}% (the device default, for one process against one): "
+        f"{k} of {n} significant; of the runs measured with a default in force (not used to set it) "
+        f"{int(judged[held_out].sum())} of {int(held_out.sum())}"]
+
+
+def figure(part: str, table: pd.DataFrame, default_noise: float = 0.0,
+           default_replicas: int = 1) -> tuple[str, bool | None, list[str]]:
     """The part's headline figure, whether it meets the target (None: nothing measured), and detail lines.
 
-    default_noise: the device's default process noise, with which A/A runs are judged (see aa_significant)."""
+    default_noise: the device's default process noise, with which A/A runs are judged (see aa_significant).
+    default_replicas: the processes per arm e2eprof runs by default; the target is judged on the runs made with it,
+    runs with other counts are listed below it."""
     ok = table[table.get("error", pd.Series("", index=table.index)).fillna("") == ""] if len(table) else table
     if part == "aa":
-        n = len(ok)
-        if not n:
+        if not len(ok):
             return "no completed A/A run", None, []
-        noise = aa_process_noise(ok)
-        judged = aa_significant(ok, default_noise)
-        k = int(judged.sum())
-        held_out = ok.process_noise.fillna(0) > 0 if "process_noise" in ok else pd.Series(False, index=ok.index)
-        detail = [
-            f"- verdicts as the tool gave them: {ok.verdict.value_counts().to_dict()}; {int(ok.significant.sum())} of {n} "
-            f"significant (runs from before process noise was folded in were judged on their within-run interval)",
-            f"- median within-run interval half-width {within_halfwidths(ok).median() * 100:.2f}%; process noise these "
-            f"runs imply (spread of their ratios beyond their intervals): {noise * 100:.2f}%",
-            f"- judged with process noise {default_noise * 100:.2f}% (the device default): {k} of {n} significant",
-            f"- of those, runs measured with the default in force (not used to set it): {int(judged[held_out].sum())} of "
-            f"{int(held_out.sum())} significant"]
-        return (f"{k} of {n} A/A runs significant with process noise {default_noise * 100:.2f}% "
-                f"({k / n:.0%}; 95% upper bound {binomial_upper(k, n):.0%})",
+        processes = processes_per_arm(ok)
+        detail, k, n = [], 0, 0
+        for count in sorted(processes.unique(), key=lambda c: (c != default_replicas, c)):
+            significant, lines = aa_lines(ok[processes == count], default_noise, int(count))
+            detail += lines
+            if count == default_replicas:
+                k, n = significant, int((processes == count).sum())
+        if not n:
+            return f"no A/A run with the default {default_replicas} processes per arm", None, detail
+        return (f"{k} of {n} A/A runs significant with {default_replicas} process(es) per arm and process noise "
+                f"{default_noise * 100:.2f}% ({k / n:.0%}; 95% upper bound {binomial_upper(k, n):.0%})",
                 UNRESOLVED if n < MIN_AA_RUNS else k / n <= 0.05, detail)
     if part == "sensitivity":
         if not len(ok):
             return "no completed planted run", None, []
         lines, verdict = [], None
-        for level, g in ok.groupby("level"):
+        ok = ok.assign(processes=processes_per_arm(ok))
+        for (level, processes), g in ok.groupby(["level", "processes"]):
             k, n = int(g.detected.sum()), len(g)
-            lines.append(f"| {level:.1%} | {g.delay_us.iloc[0]:.1f} | {n} | {k} | {k / n:.0%} (>= {binomial_lower(k, n):.0%}) "
-                         f"| {g.measured_slowdown.median():+.2%} | {g.timing_s.median():.1f} |")
-            if math.isclose(level, 0.01):
+            lines.append(f"| {level:.1%} | {processes} | {g.delay_us.iloc[0]:.1f} | {n} | {k} | {k / n:.0%} "
+                         f"(>= {binomial_lower(k, n):.0%}) | {g.measured_slowdown.median():+.2%} | {g.timing_s.median():.1f} |")
+            if math.isclose(level, 0.01) and processes == default_replicas:
                 verdict = UNRESOLVED if n < MIN_SENSITIVITY_RUNS else k / n >= 0.9
-        one = ok[ok.level.round(6) == 0.01]
-        text = (f"1% detected in {int(one.detected.sum())} of {len(one)} runs" if len(one)
-                else "the 1% level was not run")
-        head = [("| planted | delay per call us | runs | detected | rate (95% lower bound) "
-                 "| measured slowdown (median) | timed s (median) |"), "|---|---|---|---|---|---|---|"]
+        one = ok[(ok.level.round(6) == 0.01) & (ok.processes == default_replicas)]
+        text = (f"1% detected in {int(one.detected.sum())} of {len(one)} runs with {default_replicas} process(es) per arm"
+                if len(one) else f"the 1% level was not run with {default_replicas} process(es) per arm")
+        head = [("| planted | processes per arm | delay per call us | runs | detected | rate (95% lower bound) "
+                 "| measured slowdown (median) | timed s (median) |"), "|---|---|---|---|---|---|---|---|"]
         return text, verdict, head + lines
     if part == "overhead":
         from e2eprof import stats
@@ -520,8 +578,8 @@ def versions(device: str) -> dict:
             "transformers": env["transformers"], "triton": env["triton"]}
 
 
-def markdown(part: str, table: pd.DataFrame, default_noise: float = 0.0) -> str:
-    text, meets, detail = figure(part, table, default_noise)
+def markdown(part: str, table: pd.DataFrame, default_noise: float = 0.0, default_replicas: int = 1) -> str:
+    text, meets, detail = figure(part, table, default_noise, default_replicas)
     mark = MARKS[meets]
     env = "; ".join(f"{k} {', '.join(map(str, table[k].dropna().unique()))}" for k in
                     ("gpu", "python", "torch", "transformers", "triton", "model", "workload") if k in table)
@@ -547,7 +605,7 @@ def write(part: str, new_rows: list[dict], s: Settings, keep_old: bool) -> pd.Da
     if keep_old and path.exists():
         frame = pd.concat([pd.read_parquet(path), frame], ignore_index=True)
     frame.to_parquet(path, index=False)
-    (s.out / f"{part}.md").write_text(markdown(part, frame, s.resolved().process_noise))
+    (s.out / f"{part}.md").write_text(markdown(part, frame, s.resolved().process_noise, s.resolved().replicas))
     return frame
 
 
@@ -577,6 +635,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.add_argument(flag, type=int, help="passed to every e2eprof run (tiny settings for a dry run)")
     p.add_argument("--dtype")
     p.add_argument("--budget", type=float, help="seconds of timed steps per workload (sensitivity default 60)")
+    p.add_argument("--replicas", type=int, help="processes per compared arm, passed to every e2eprof run (default: e2eprof's)")
     return p.parse_args(argv)
 
 
@@ -594,7 +653,7 @@ def main(argv: list[str]) -> int:
         a.out.mkdir(parents=True, exist_ok=True)
         s = Settings(model=a.model, workload=a.workload or "train", workload_given=a.workload is not None, device=resolve_device(a.device), out=a.out, runs=a.runs,
                      deadline_s=a.deadline, steps=a.steps, block_steps=a.block_steps, batch=a.batch, seq=a.seq,
-                     dtype=a.dtype, budget=a.budget, started=time.perf_counter(),
+                     dtype=a.dtype, budget=a.budget, replicas=a.replicas, started=time.perf_counter(),
                      command=" ".join(shlex.quote(x) for x in ["python3", "benchmarks/self_benchmark.py", *argv]))
         print(f"self-benchmark {a.part} on {s.device}: {s.model} {s.workload} -> {s.out}", flush=True)
         if a.part == "aa":

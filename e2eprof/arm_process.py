@@ -22,11 +22,11 @@ class ArmProcess:
     """One spawned worker. `send` + `receive` let the parent overlap slow commands (model builds) across arms."""
 
     def __init__(self, setup: WorkerSetup):
-        self.name = setup.arm.name
+        self.name = setup.arm.name  # a replica's failure is its arm's: the same kernel failed
         # spawn, not fork: a forked child would inherit CUDA state and any patch the parent imported.
         context = mp.get_context("spawn")
         self._conn, child_conn = context.Pipe()
-        self._process = context.Process(target=worker_main, args=(child_conn, setup), name=f"e2eprof-{self.name}", daemon=True)
+        self._process = context.Process(target=worker_main, args=(child_conn, setup), name=f"e2eprof-{setup.arm.key}", daemon=True)
         self._process.start()
         child_conn.close()
         self.failed: ArmFailed | None = None

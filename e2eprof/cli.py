@@ -52,6 +52,8 @@ def _values(option: str, value: str | None, kind: type = str):
 PROCESS_NOISE_HELP = ("Between-process spread (relative SD of an A/A ratio beyond its interval) folded into every "
                       "interval; default measured per device (H200: 0.0044), 0 = off. "
                       "benchmarks/self_benchmark.py --part aa measures yours.")
+REPLICAS_HELP = ("Identical worker processes for the baseline and the candidate arm each (default: 2 on GPU, 1 on CPU); "
+                 "each process has its own step-time offset, and N per arm shrink that part of the interval by sqrt(N).")
 
 
 @app.command()
@@ -72,6 +74,7 @@ def compare(
     budget: Annotated[Optional[float], typer.Option(help="Adaptive length: seconds of timed steps per workload to spend reaching --target-ci (default: 60 on GPU, 0 = fixed --steps on CPU).")] = None,
     target_ci: Annotated[Optional[float], typer.Option(help="Stop adding blocks once the speedup interval's half-width is under this fraction (default 0.01).")] = None,
     process_noise: Annotated[Optional[float], typer.Option(help=PROCESS_NOISE_HELP)] = None,
+    replicas: Annotated[Optional[int], typer.Option(help=REPLICAS_HELP)] = None,
     policy: Annotated[Optional[Path], typer.Option(help="TOML file with sign-off thresholds (min_speedup, confidence, correction, target_ci, budget, ...); options given here win.")] = None,
     aa: Annotated[bool, typer.Option("--aa", help="A/A calibration: time the baseline against a second identical baseline; must show no difference.")] = False,
     out: Annotated[Optional[Path], typer.Option(help="Report directory (default reports/<UTC time>-<model>-<patch>/).")] = None,
@@ -95,7 +98,7 @@ def compare(
         precision=_values("--dtype", dtype), new_tokens=new_tokens, seed=seed, find_max_batch=find_max_batch,
         max_batch=max_batch,
         reference_arms=() if references == ("none",) else references, min_speedup=min_speedup,
-        budget_seconds=budget, target_half_width=target_ci, aa=aa, process_noise=process_noise,
+        budget_seconds=budget, target_half_width=target_ci, aa=aa, process_noise=process_noise, replicas=replicas,
         out=out, force=force, profile=profile, trace=trace, microbench=microbench,
         nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
     )
@@ -116,6 +119,7 @@ def calibrate(
     seed: Annotated[int, typer.Option(help="Seed for weights and batches.")] = 0,
     budget: Annotated[Optional[float], typer.Option(help="Seconds of timed steps per workload (see compare).")] = None,
     process_noise: Annotated[Optional[float], typer.Option(help=PROCESS_NOISE_HELP)] = None,
+    replicas: Annotated[Optional[int], typer.Option(help=REPLICAS_HELP)] = None,
     policy: Annotated[Optional[Path], typer.Option(help="TOML file with sign-off thresholds.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Report directory.")] = None,
     force: Annotated[bool, typer.Option(help="Overwrite an existing report directory.")] = False,
@@ -124,7 +128,7 @@ def calibrate(
     config = _config(
         policy, model=model, patch=patch, workloads=_split(workload) or ("train",), device=device, batch=batch, seq=seq,
         steps=steps, block_steps=block_steps, precision=dtype, seed=seed, budget_seconds=budget, aa=True,
-        process_noise=process_noise,
+        process_noise=process_noise, replicas=replicas,
         out=out, force=force, profile=False,
     )
     return _run(config)

@@ -33,6 +33,13 @@ H200_PROCESS_NOISE = 0.0044
 # beyond what 3 blocks per arm resolve anyway. Left at 0 so a CPU run shows its within-run interval only; CPU verdicts
 # are for trying the tool, and --process-noise 0.11 applies the measured figure.
 CPU_PROCESS_NOISE = 0.0
+# Processes per compared arm (baseline and candidate). One process per arm cannot resolve less than z x process
+# noise (H200: +-0.86%), so a planted 1% slowdown was found in 8 of 10 runs; two per arm bring that floor to +-0.61%
+# (stats.replicated_process_noise) for a few seconds more of start-up. The same reasoning makes JMH run several
+# forks of a JVM benchmark. CPU: one, since its default process noise is 0 and its cores are few.
+H200_REPLICAS = 2
+CPU_REPLICAS = 1
+MAX_REPLICAS = 8
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ class DeviceDefaults:
     profile_warmup: int
     profile_steps: int
     process_noise: float
+    replicas: int
 
     @staticmethod
     def for_device(device: str) -> "DeviceDefaults":
@@ -61,7 +69,8 @@ class DeviceDefaults:
             # 348 s (warm-up, timing, profile).
             return DeviceDefaults(batch=8, seq=1024, steps=40, block_steps=5, new_tokens=16, precision="bf16",
                                   max_warmup_steps=50, reference_arms=("sdpa", "compile"), budget_seconds=60.0,
-                                  profile_warmup=2, profile_steps=3, process_noise=H200_PROCESS_NOISE)
+                                  profile_warmup=2, profile_steps=3, process_noise=H200_PROCESS_NOISE,
+                                  replicas=H200_REPLICAS)
         # CPU step times are noisy (2-core laptops, shared CI): windows rarely agree within 2%, so cap warm-up low,
         # and spend no extra time chasing a 1% interval that a CPU will not give in minutes.
         # GPT-2's 50k-token LM head makes a CPU train step cost ~0.2 s per 32 tokens on two cores: one 64-token
@@ -69,7 +78,8 @@ class DeviceDefaults:
         return DeviceDefaults(batch=1, seq=64, steps=6, block_steps=2, new_tokens=8, precision="fp32",
                               max_warmup_steps=6, reference_arms=("sdpa",), budget_seconds=0.0,
                               # The CPU profiler records every op with shapes: a gpt2 train step costs ~3x under it.
-                              profile_warmup=1, profile_steps=2, process_noise=CPU_PROCESS_NOISE)
+                              profile_warmup=1, profile_steps=2, process_noise=CPU_PROCESS_NOISE,
+                              replicas=CPU_REPLICAS)
 
 
 @dataclass(frozen=True)
@@ -94,6 +104,7 @@ class CompareConfig:
     correction: str = "holm"  # across workloads: holm (family-wise), bh (false discovery rate) or none
     aa: bool = False  # A/A calibration: the baseline against a second, identical baseline process
     process_noise: float | None = None  # between-process spread folded into every interval (default by device)
+    replicas: int | None = None  # identical processes for the baseline and the candidate arm each (default by device)
     target_half_width: float = 0.01  # adaptive length: add blocks until the speedup interval is this tight...
     budget_seconds: float | None = None  # ...or this much more timed time per workload is spent (default by device)
     max_blocks: int = 400  # and never more blocks than this per arm
@@ -142,6 +153,9 @@ class CompareConfig:
                      "reference_arms", "budget_seconds", "profile_warmup", "profile_steps", "process_noise"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, getattr(defaults, name))
+        distributed = is_distributed(workloads, self.nproc, self.nnodes)
+        if self.replicas is None:  # a data-parallel arm is a torchrun group: one group per arm
+            object.__setattr__(self, "replicas", 1 if distributed else defaults.replicas)
         for name, low in (("batch", 1), ("seq", 2)):
             object.__setattr__(self, name, _one_or_tuple(name, [_checked_int(name, v, low) for v in as_tuple(getattr(self, name))]))
         for name, low in (("steps", 2), ("block_steps", 1), ("new_tokens", 2), ("max_warmup_steps", 0),
@@ -178,6 +192,10 @@ class CompareConfig:
             raise UsageError(f"temp_tolerance_c: must be in degrees C, got {self.temp_tolerance_c}")
         if not (isinstance(self.process_noise, (int, float)) and 0 <= self.process_noise < 0.5):
             raise UsageError(f"--process-noise: must be a fraction such as 0.004 (0 to switch it off), got {self.process_noise}")
+        if not isinstance(self.replicas, int) or isinstance(self.replicas, bool) or not 1 <= self.replicas <= MAX_REPLICAS:
+            raise UsageError(f"--replicas: must be an integer from 1 to {MAX_REPLICAS}, got {self.replicas!r}")
+        if self.replicas > 1 and distributed:
+            raise UsageError("--replicas: a data-parallel run (--nproc, train-ddp, train-fsdp) runs one worker group per arm; use --replicas 1")
         if not 0 < self.target_half_width < 0.5:
             raise UsageError(f"--target-ci: must be a fraction such as 0.01, got {self.target_half_width}")
         if not 0 <= self.budget_seconds <= 86400:

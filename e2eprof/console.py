@@ -141,8 +141,11 @@ def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_d
             parts = [f"{r.arm}: TTFT {_fmt(r.ttft_median_ms)} ms, {_fmt(r.tpot_median_ms, '.3f')} ms/token" for r in rows.itertuples()]
             console.print("  " + "; ".join(parts))
         if candidate is not None and not pd.isna(candidate.get("ci_half_width", math.nan)):
-            console.print(f"  timing: {int(candidate.get('blocks', 0))} blocks per arm ({candidate.get('stop_reason', '-')}); "
-                          f"smallest resolvable effect ~{candidate['mde'] * 100:.2f}%")
+            processes = candidate.get("processes", 1)
+            processes = 1 if pd.isna(processes) else int(processes)
+            console.print(f"  timing: {int(candidate.get('blocks', 0))} blocks per arm ({candidate.get('stop_reason', '-')})"
+                          + (f" in each of {processes} processes" if processes > 1 else "")
+                          + f"; smallest resolvable effect ~{candidate['mde'] * 100:.2f}%")
         if candidate is not None and (line := _beats_line(candidate, references)):
             console.print(f"  {name}: {line}")
         patched = rows[rows.arm == "patched"]

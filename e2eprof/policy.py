@@ -12,6 +12,7 @@
     warmup_tolerance = 0.02
     max_warmup_seconds = 60
     process_noise = 0.0044    # between-process spread folded into every interval (measure yours with A/A runs)
+    replicas = 2              # identical processes for the baseline and the candidate arm each
 
 Command-line options given explicitly win over the file. Unknown keys are an error (a typo such as
 `min_speedp` must not silently leave the default in force).
@@ -38,6 +39,7 @@ POLICY_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
     "warmup_tolerance": ("warmup_tolerance", (int, float)),
     "max_warmup_seconds": ("max_warmup_seconds", (int, float)),
     "process_noise": ("process_noise", (int, float)),
+    "replicas": ("replicas", (int,)),
 }
 
 

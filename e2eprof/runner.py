@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -39,7 +39,7 @@ from e2eprof.registry import LoadedPatch, load_patch
 from e2eprof.summary import attach_memory, summarize, verdict_key
 from e2eprof.sweep import SweepPoint, by_point, is_oom, oom_row, stamp
 from e2eprof.verdict import EXIT_CODES, Verdict, flag_implausible, worst
-from e2eprof.worker import ArmSpec, WorkerSetup, scratch_path
+from e2eprof.worker import ArmSpec, WorkerSetup, arm_of, scratch_path
 from e2eprof.workloads.loops import check_workloads
 from e2eprof.workloads.models import ModelLoadError, resolve_model
 
@@ -238,6 +238,17 @@ def _arms(config: CompareConfig, attn: str) -> list[ArmSpec]:
     return arms
 
 
+def _with_replicas(config: CompareConfig, arms: list[ArmSpec]) -> list[ArmSpec]:
+    """Every process to start: the arms, then the extra replicas of the baseline and the candidate (config.replicas
+    processes each). Replicas come last and in reverse, so a round of timed blocks runs baseline, patched, ...,
+    patched#1, baseline#1 and the next round the reverse: each arm's processes sit symmetric in time.
+    Reference arms run once: their intervals against the candidate carry the process noise of one process.
+    """
+    compared = {"baseline", _candidate_arm(config)}
+    extra = [replace(arm, replica=r) for r in range(1, config.replicas) for arm in arms if arm.name in compared]
+    return arms + extra[::-1]
+
+
 def check_before_measuring(config: CompareConfig, workloads) -> tuple[LoadedPatch, str]:
     """Everything that can be refused before a single measurement: the model, the workloads at every sequence length
     (generate on an encoder, --seq past the position table), the patch and whether it fits the model.
@@ -396,11 +407,12 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
     if not todo:  # every unit of this point was finished by an earlier attempt (--resume)
         state.end_point()
         return
-    processes: dict[str, ArmProcess] = {}
+    processes: dict[str, ArmProcess] = {}  # by process key: the arm's name, "<arm>#<replica>" for its replicas
     try:
-        with state.phase(events, "*", "start workers and build models", ", ".join(a.name for a in arms)):
-            for index, arm in enumerate(arms):
-                processes[arm.name] = start_arm(WorkerSetup(
+        specs = _with_replicas(config, arms)
+        with state.phase(events, "*", "start workers and build models", ", ".join(a.key for a in specs)):
+            for index, arm in enumerate(specs):
+                processes[arm.key] = start_arm(WorkerSetup(
                     arm=arm, model=config.model, patch_spec=config.patch, device=config.device,
                     precision=config.precision, seed=config.seed, batch=config.batch, seq=config.seq,
                     new_tokens=config.new_tokens, scratch_dir=str(scratch)), config.launch, index)
@@ -419,8 +431,10 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
         events("built", builds=builds)
         for workload in todo:
             _run_workload(config, workload, processes, state, patch, scratch, events)
-            # Peaks per unit, so a finished unit's rows are complete when it is recorded as finished.
-            for rows in _broadcast(processes, state, "memory_peaks").values():
+            # Peaks per unit, so a finished unit's rows are complete when it is recorded as finished. An arm's
+            # replicas hold the same model and batches: its first process speaks for its memory.
+            firsts = {k: p for k, p in processes.items() if k == arm_of(k)}
+            for rows in _broadcast(firsts, state, "memory_peaks").values():
                 state.memory += [r for r in rows if r["workload"] == workload]
             state.finish_unit(workload)
             state.flush()
@@ -483,9 +497,26 @@ def _broadcast(processes: dict[str, ArmProcess], state: _RunState, command: str,
     """Send one command to every live arm, then collect: slow phases (model builds) overlap across arms.
 
     A failure, out of memory included, is recorded as it comes: a build that does not fit beside the others is not
-    retried (an arm that cannot be built alongside the others cannot be measured alongside them either).
+    retried (an arm that cannot be built alongside the others cannot be measured alongside them either); a
+    replica that does not fit is left out and its arm goes on (_process_failed).
     """
     return _overlapped(processes, state, {name: (command, kwargs) for name in processes}, retry_out_of_memory=False)
+
+
+def _process_failed(processes: dict[str, ArmProcess], state: _RunState, key: str, failure: ArmFailed, phase: str,
+                    workload: str = "*") -> None:
+    """A process of an arm failed. A replica that ran out of memory beside the other processes is closed and left
+    out, with a row saying so: its arm goes on with fewer processes (and an interval with more process noise).
+    Anything else is its arm's failure (the same code failed), recorded by _record_failure.
+    """
+    if key != arm_of(key) and is_oom(failure):
+        state.correctness.append({
+            "workload": workload, "arm": arm_of(key), "tensor": "-", "metric": "replica_dropped", "value": 1.0,
+            "tolerance": math.nan, "passed": True,  # informational: the arm stays, its interval widens
+            "detail": f"{key} ran out of memory during {phase} beside the other processes: {failure.message}"})
+        processes.pop(key).close()
+        return
+    _record_failure(state, failure, phase, workload)
 
 
 def _record_failure(state: _RunState, failure: ArmFailed, phase: str, workload: str = "*") -> None:
@@ -504,15 +535,16 @@ def _record_failure(state: _RunState, failure: ArmFailed, phase: str, workload: 
                               "detail": f"during {phase}: {failure}"})
 
 
-def _call(processes, state, arm: str, command: str, args: dict | None = None):
-    """One command to one arm; a failure is recorded (not raised) and the arm is left out from then on."""
+def _call(processes, state, key: str, command: str, args: dict | None = None):
+    """One command to one arm's process (key: the arm, or "<arm>#<replica>"); a failure is recorded (not raised)
+    and the arm, all its processes, is left out from then on."""
     args = args or {}
-    if arm in state.arm_failures or (arm, args.get("workload")) in state.out_of_memory:
+    if arm_of(key) in state.arm_failures or (arm_of(key), args.get("workload")) in state.out_of_memory:
         return None
     try:
-        return processes[arm].call(command, **args)
+        return processes[key].call(command, **args)
     except ArmFailed as failure:
-        _record_failure(state, failure, command, args.get("workload", "*"))
+        _process_failed(processes, state, key, failure, command, args.get("workload", "*"))
         return None
 
 
@@ -523,9 +555,12 @@ SITS_OUT = {("compile", "generate")}
 
 
 def _run_workload(config, workload, processes, state, patch, scratch, events) -> None:
-    live = lambda: [a for a in processes if a not in state.arm_failures and (a, workload) not in state.out_of_memory  # noqa: E731
-                    and (a, workload) not in SITS_OUT]
-    before = {a: _call(processes, state, a, "counters") for a in live()}
+    # Every process still measuring (replicas too), and the arms' first processes only: correctness, counters
+    # and profiles are properties of the code an arm runs, checked once; timing needs every process.
+    live = lambda: [k for k in processes if arm_of(k) not in state.arm_failures  # noqa: E731
+                    and (arm_of(k), workload) not in state.out_of_memory and (arm_of(k), workload) not in SITS_OUT]
+    first = lambda: [k for k in live() if k == arm_of(k)]  # noqa: E731
+    before = {a: _call(processes, state, a, "counters") for a in first()}
     first_step = len(state.steps)  # this workload's steps are state.steps[first_step:]
     patched_live = "patched" in live()
 
@@ -534,7 +569,7 @@ def _run_workload(config, workload, processes, state, patch, scratch, events) ->
             state.steps += _call(processes, state, arm, "cold", {"workload": workload}) or []
 
     with state.phase(events, workload, "correctness"):
-        _correctness_gate(config, workload, processes, state, patch, scratch, live)
+        _correctness_gate(config, workload, processes, state, patch, scratch, first)
         if patched_live and "patched" not in live():  # failed in its cold step or in the gate's capture
             _diagnose_failure(workload, processes, state, scratch)
 
@@ -547,7 +582,7 @@ def _run_workload(config, workload, processes, state, patch, scratch, events) ->
     with state.phase(events, workload, "timing"):
         _timed_blocks(config, workload, processes, state, events, live)
 
-    after = {a: _call(processes, state, a, "counters") for a in live()}
+    after = {a: _call(processes, state, a, "counters") for a in first()}
     state.correctness += kernel_ran_rows(workload, before, after)
     state.correctness += thread_rows(workload, state.steps[first_step:])
     with state.phase(events, workload, "revalidation"):
@@ -557,7 +592,7 @@ def _run_workload(config, workload, processes, state, patch, scratch, events) ->
     if config.profile:
         with state.phase(events, workload, "profile",
                          "{} warm-up + {} active steps per arm".format(*profile_steps_for(config, workload))):
-            _profile_arms(config, workload, processes, state, patch, live)
+            _profile_arms(config, workload, processes, state, patch, first)
 
 
 def _timed_blocks(config, workload, processes, state, events, live) -> None:
@@ -609,13 +644,15 @@ def _stop_reason(config, state, workload: str, blocks: int, elapsed: float) -> s
         ci = stats.ratio_of_medians_ci([w for w, _ in base], [w for w, _ in cand], baseline_blocks=[b for _, b in base],
                                        candidate_blocks=[b for _, b in cand], confidence=config.confidence,
                                        n_boot=1000, seed=config.seed)
-        if stats.ci_halfwidth_rel(stats.with_process_noise(ci, config.process_noise)) <= config.target_half_width:
+        noise = stats.replicated_process_noise(config.process_noise, *(
+            len({s.get("replica", 0) for s in warm if s["arm"] == arm}) for arm in ("baseline", candidate)))
+        if stats.ci_halfwidth_rel(stats.with_process_noise(ci, noise)) <= config.target_half_width:
             return "target interval reached"
         # Precision, not the result, again: the within-run part of an interval narrows about as 1/sqrt(time) while
         # the process-noise part does not, so timing stops when even OUT_OF_REACH budgets would not bring the whole
         # interval to the target (host-bound decoding on the H200: +-7% after 30 s, which the 60 s budget cannot
         # bring near 1%), or at once when the process noise alone is wider than the target.
-        floor = stats.process_noise_half_width(config.process_noise, config.confidence)
+        floor = stats.process_noise_half_width(noise, config.confidence)
         if floor >= config.target_half_width:
             return "target below the process noise"
         needed = math.sqrt(config.target_half_width ** 2 - floor ** 2)
@@ -645,13 +682,13 @@ def _overlapped(processes, state, calls: dict[str, tuple[str, dict]], *,
     """
     sent = []
     for arm, (command, args) in calls.items():
-        if arm in state.arm_failures or (arm, args.get("workload")) in state.out_of_memory:
+        if arm_of(arm) in state.arm_failures or (arm_of(arm), args.get("workload")) in state.out_of_memory:
             continue
         try:
             processes[arm].send(command, **args)
             sent.append(arm)
         except ArmFailed as failure:
-            _record_failure(state, failure, command, args.get("workload", "*"))
+            _process_failed(processes, state, arm, failure, command, args.get("workload", "*"))
     results, alone = {}, []
     for arm in sent:
         try:
@@ -660,7 +697,7 @@ def _overlapped(processes, state, calls: dict[str, tuple[str, dict]], *,
             if retry_out_of_memory and is_oom(failure):
                 alone.append(arm)
             else:
-                _record_failure(state, failure, calls[arm][0], calls[arm][1].get("workload", "*"))
+                _process_failed(processes, state, arm, failure, calls[arm][0], calls[arm][1].get("workload", "*"))
     for arm in alone:
         command, args = calls[arm]
         result = _call(processes, state, arm, command, args)

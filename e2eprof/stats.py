@@ -289,9 +289,21 @@ def without_process_noise(ci: RatioCI) -> RatioCI:
                    method=ci.method.removesuffix("+process-noise"), process_noise=0.0)
 
 
+def replicated_process_noise(process_noise: float, baseline_processes: int = 1, candidate_processes: int = 1) -> float:
+    """The process noise of a ratio between arms that each ran in several identical processes (replicas).
+
+    ``process_noise`` is defined for one process against one: Var(log ratio) = 2 * s^2 with s the spread of one
+    process's offset. Each arm's location pools its processes, so their offsets average out:
+    Var = s^2 * (1/n_b + 1/n_c) = process_noise^2 * (1/n_b + 1/n_c) / 2; two processes per arm give process_noise / sqrt(2).
+    """
+    if baseline_processes < 1 or candidate_processes < 1:
+        raise ValueError(f"need at least one process per arm, got {baseline_processes} and {candidate_processes}")
+    return process_noise * math.sqrt((1 / baseline_processes + 1 / candidate_processes) / 2)
+
+
 def process_noise_half_width(process_noise: float, confidence: float = 0.95) -> float:
-    """The relative half-width process noise alone gives an interval: the narrowest any run of one process per arm
-    can reach, however long it times."""
+    """The relative half-width process noise alone gives an interval: the narrowest any run with these processes
+    per arm can reach, however long it times (pass replicated_process_noise for more than one per arm)."""
     return NormalDist().inv_cdf(0.5 + confidence / 2) * process_noise
 
 

@@ -68,8 +68,15 @@ class _Workload:
         within = stats.ratio_of_medians_ci(_ms(b), _ms(c), baseline_blocks=b.block.to_numpy(),
                                            candidate_blocks=c.block.to_numpy(), confidence=self.config.confidence,
                                            seed=self.config.seed)
-        # Every arm is its own process: what separates two identical processes belongs in every interval.
-        return stats.with_process_noise(within, self.config.process_noise)
+        # Every arm runs in its own processes: what separates identical processes belongs in every interval, less
+        # as each arm pools more of them.
+        noise = stats.replicated_process_noise(self.config.process_noise, self.processes(base_arm), self.processes(cand_arm))
+        return stats.with_process_noise(within, noise)
+
+    def processes(self, arm: str) -> int:
+        """How many identical processes (replicas) timed this arm's warm steps."""
+        samples = self.samples[arm]
+        return int(samples.replica.nunique()) if "replica" in samples and samples.replica.notna().any() else 1
 
     def mann_whitney_p(self, arm: str) -> float:
         if arm == "baseline" or "baseline" not in self.samples or arm not in self.samples:
@@ -79,6 +86,8 @@ class _Workload:
     def row(self, arm: str) -> dict:
         d = stats.describe(_ms(self.samples[arm]))
         cold = self.cold[self.cold.arm == arm]
+        if "replica" in cold:  # the arm's first process: its cold step is the one the gate and profiles follow
+            cold = cold[cold.replica.fillna(0) == 0]
         arm_samples = self.samples[arm]
         generate = self.name == "generate"
         return {
@@ -90,6 +99,7 @@ class _Workload:
             "ttft_median_ms": float(arm_samples.ttft_ms.median()) if generate else math.nan,
             "tpot_median_ms": float(arm_samples.tpot_ms.median()) if generate else math.nan,
             "blocks": int(arm_samples.block.nunique()),
+            "processes": self.processes(arm),
         }
 
 
@@ -225,6 +235,7 @@ def _decide_workload(workload, info, checks, config, failed_arms, balance, candi
     correctness_rows = checks[(checks.arm == "patched") & checks.workload.isin([workload, "*"])
                               & ~checks.metric.isin(KERNEL_PROOF_METRICS)] if len(checks) else checks
     return decide(target_half_width=config.target_half_width,
-                  noise_floor=stats.process_noise_half_width(config.process_noise, config.confidence),
+                  noise_floor=stats.process_noise_half_width(ci.process_noise if ci else config.process_noise,
+                                                             config.confidence),
                   correct=bool(len(correctness_rows)) and bool(correctness_rows.passed.all()),
                   kernel_ran=patched_ran, baseline_clean=baseline_clean, **common)

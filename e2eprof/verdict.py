@@ -71,7 +71,7 @@ def _more_steps(half_width: float, target: float, floor: float = 0.0) -> str:
     steps; the process-noise part (floor, the half-width it alone gives) does not shrink at all."""
     if floor > 0 and target <= floor:
         return (f": {target * 100:g}% is inside the {floor * 100:.1f}% that separates identical processes on this "
-                "machine (--process-noise); more steps cannot resolve it, repeated runs can")
+                "machine (--process-noise); more steps cannot resolve it, more processes per arm (--replicas) can")
     if not (math.isfinite(half_width) and half_width > target > 0):
         return ": raise --steps or --budget"
     within = math.sqrt(max(half_width ** 2 - floor ** 2, 0.0))

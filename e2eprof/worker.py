@@ -33,14 +33,35 @@ MEMORY_PHASES = {"cold": "cold", "capture": "correctness", "reference": "correct
                  "block": "timing", "profile": "profile", "probe": "probe"}
 
 
+# How a replica's process is keyed in the parent: "<arm>#<replica>" (the arm's first process is keyed "<arm>").
+REPLICA_MARK = "#"
+
+
 @dataclass(frozen=True)
 class ArmSpec:
-    """One arm: a name, the attention implementation, whether the patch is applied, whether torch.compile runs it."""
+    """One process of an arm: a name, the attention implementation, whether the patch is applied, whether
+    torch.compile runs it, and which of the arm's identical processes (replicas) this is.
+
+    An arm may run in several identical processes because each process carries its own step-time offset (on the
+    H200 ~0.4% of a gpt2 step, from how fast its host side feeds the GPU): averaging replicas shrinks that part of
+    the interval as 1/sqrt(replicas), which no amount of timing inside one process can.
+    """
 
     name: str
     attn_implementation: str
     apply_patch: bool
     compile: bool = False
+    replica: int = 0
+
+    @property
+    def key(self) -> str:
+        """The process's key in the parent: the arm's name for its first process, "<arm>#<replica>" after it."""
+        return self.name if self.replica == 0 else f"{self.name}{REPLICA_MARK}{self.replica}"
+
+
+def arm_of(key: str) -> str:
+    """The arm a process key belongs to ("patched#1" -> "patched")."""
+    return key.split(REPLICA_MARK, 1)[0]
 
 
 @dataclass(frozen=True)
@@ -99,7 +120,8 @@ class ArmWorker:
         source = resolve_model(setup.model)
         if setup.arm.apply_patch:
             check_model_fits(self.loaded.patch, source.architecture, setup.arm.attn_implementation)
-        model = build_model(source, attn_implementation=setup.arm.attn_implementation, seed=setup.seed)
+        model = build_model(source, attn_implementation=setup.arm.attn_implementation, seed=setup.seed,
+                            device=self.device)
         if setup.arm.apply_patch:
             self.applied = apply_patch(self.loaded.patch, model)
         self.model = model.to(self.device)
@@ -115,6 +137,7 @@ class ArmWorker:
         )
         return {
             "arm": setup.arm.name,
+            "replica": setup.arm.replica,
             "model": info,
             "sites": self.applied.sites if self.applied else [],
             "build_s": time.perf_counter() - started,
@@ -168,6 +191,7 @@ class ArmWorker:
         return {
             "workload": workload_name,
             "arm": self.setup.arm.name,
+            "replica": self.setup.arm.replica,
             "block": block,
             "step": index,
             "rank": self.rank,

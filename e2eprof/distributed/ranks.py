@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 from e2eprof.correctness import PRECISION_DTYPE_NAME
 from e2eprof.tensorcheck import error_norms, ratio_of_norms
 
-STEP_KEY = ("point", "workload", "arm", "phase", "block", "step")
+# A step is one (arm, replica) process's: replicas of an arm are separate processes, not ranks of one step.
+STEP_KEY = ("point", "workload", "arm", "replica", "phase", "block", "step")
 # Collective work as the profiler names it: NCCL kernels on a GPU (ncclDevKernel_AllReduce_..., ncclKernel_...);
 # on a CPU, gloo runs collectives on its own threads as async "gloo:all_reduce" / "gloo:all_gather" events.
 COMM_MARKERS = ("nccl", "gloo:")

@@ -26,13 +26,14 @@ temp_tolerance_c = 4
 warmup_tolerance = 0.05
 max_warmup_seconds = 10
 process_noise = 0.003
+replicas = 3
 """)
     overrides = load_policy(path)
     assert set(overrides) == {field for field, _ in POLICY_KEYS.values()}
     config = CompareConfig(model="gpt2", patch="fastsoftmax", device="cpu", **overrides)
     assert (config.min_speedup, config.confidence, config.correction, config.target_half_width) == (0.02, 0.99, "bh", 0.005)
     assert (config.budget_seconds, config.max_blocks, config.clock_tolerance, config.temp_tolerance_c) == (30.0, 100, 0.03, 4.0)
-    assert config.process_noise == 0.003
+    assert (config.process_noise, config.replicas) == (0.003, 3)
 
 
 @pytest.mark.parametrize("text, message", [

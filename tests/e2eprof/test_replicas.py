@@ -1,0 +1,161 @@
+"""Replicas: the baseline and the candidate each run in several identical processes, so the offset each process
+carries (process noise) averages out instead of setting a floor no amount of timing can pass."""
+
+import math
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from e2eprof import stats
+from e2eprof.arm_process import ArmFailed
+from e2eprof.config import AA_ARM, CompareConfig, DeviceDefaults
+from e2eprof.errors import UsageError
+from e2eprof.runner import _arms, _process_failed, _stop_reason, _with_replicas
+from e2eprof.summary import summarize
+from e2eprof.verdict import FAIL
+from e2eprof.worker import arm_of
+
+from tests.e2eprof.test_adaptive import State
+from tests.e2eprof.test_summary import clean_checks, steps_for
+
+OOM = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+
+
+def cpu_config(**changes):
+    return CompareConfig(**({"model": "gpt2-tiny", "patch": "fastsoftmax", "device": "cpu"} | changes))
+
+
+def test_each_arms_processes_average_their_offsets():
+    assert stats.replicated_process_noise(0.0044) == 0.0044
+    assert stats.replicated_process_noise(0.0044, 2, 2) == pytest.approx(0.0044 / math.sqrt(2))
+    assert stats.replicated_process_noise(0.0044, 4, 4) == pytest.approx(0.0022)
+    # A reference arm in one process against a candidate in two: s^2 (1 + 1/2), s^2 = noise^2 / 2.
+    assert stats.replicated_process_noise(0.0044, 1, 2) == pytest.approx(0.0044 * math.sqrt(0.75))
+    with pytest.raises(ValueError):
+        stats.replicated_process_noise(0.0044, 0, 2)
+
+
+def test_defaults_by_device_and_bad_values():
+    assert DeviceDefaults.for_device("cuda").replicas == 2 and DeviceDefaults.for_device("cpu").replicas == 1
+    assert cpu_config().replicas == 1 and cpu_config(replicas=3).replicas == 3
+    for bad in (0, -1, 9, 1.5, True):
+        with pytest.raises(UsageError, match="--replicas"):
+            cpu_config(replicas=bad)
+    # A data-parallel arm is one torchrun group: it defaults to one, and more is refused rather than half-supported.
+    assert cpu_config(workloads=("train-ddp",), nproc=2).replicas == 1
+    with pytest.raises(UsageError, match="--replicas"):
+        cpu_config(workloads=("train-ddp",), nproc=2, replicas=2)
+
+
+def test_cli_rejects_zero_replicas_in_one_line():
+    result = subprocess.run([sys.executable, "-m", "e2eprof", "compare", "--model", "gpt2-tiny", "--device", "cpu",
+                             "--replicas", "0"], capture_output=True, text=True, timeout=120)
+    lines = [line for line in result.stderr.strip().splitlines() if line]
+    assert result.returncode == 2 and len(lines) == 1 and "--replicas" in lines[0], result.stderr
+
+
+def test_only_the_compared_arms_are_replicated_and_sit_symmetric_in_a_round():
+    config = cpu_config(replicas=3, reference_arms=("sdpa",))
+    keys = [a.key for a in _with_replicas(config, _arms(config, "eager"))]
+    assert keys == ["baseline", "patched", "sdpa", "patched#2", "baseline#2", "patched#1", "baseline#1"]
+    assert {arm_of(k) for k in keys} == {"baseline", "patched", "sdpa"}
+    aa = cpu_config(replicas=2, aa=True)
+    assert [a.key for a in _with_replicas(aa, _arms(aa, "eager"))] == ["baseline", AA_ARM, f"{AA_ARM}#1", "baseline#1"]
+    assert [a.key for a in _with_replicas(cpu_config(), _arms(cpu_config(), "eager"))] == ["baseline", "patched", "sdpa"]
+
+
+class Process:
+    def __init__(self):
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def run_state():
+    return SimpleNamespace(arm_failures={}, out_of_memory=set(), correctness=[])
+
+
+def test_a_replica_out_of_memory_is_dropped_and_its_arm_goes_on():
+    processes = {"baseline": Process(), "baseline#1": Process()}
+    replica = processes["baseline#1"]
+    state = run_state()
+    _process_failed(processes, state, "baseline#1", ArmFailed("baseline", "error", OOM), "cold", "train")
+    assert "baseline#1" not in processes and replica.closed
+    assert state.arm_failures == {} and state.out_of_memory == set()
+    row = state.correctness[-1]
+    assert (row["arm"], row["metric"], row["passed"], row["workload"]) == ("baseline", "replica_dropped", True, "train")
+
+
+def test_any_other_failure_of_a_replica_fails_its_arm():
+    processes = {"patched": Process(), "patched#1": Process()}
+    state = run_state()
+    _process_failed(processes, state, "patched#1", ArmFailed("patched", "crash", "worker process exited with code -11"),
+                    "block", "train")
+    assert "patched" in state.arm_failures and state.correctness[-1]["metric"] == "arm_failed"
+    # The arm's first process out of memory is the arm's, as without replicas: it sits the workload out.
+    state = run_state()
+    _process_failed(processes, state, "patched", ArmFailed("patched", "error", OOM), "cold", "train")
+    assert ("patched", "train") in state.out_of_memory and "patched" in processes
+
+
+def replicated_steps(arm, median_ms, offsets, noise=0.002):
+    """Steps of one arm from len(offsets) processes, each with its own relative offset."""
+    rows = []
+    for replica, offset in enumerate(offsets):
+        rows += [r | {"replica": replica} for r in steps_for("train", arm, median_ms * (1 + offset), noise=noise,
+                                                              seed=replica)]
+    return rows
+
+
+def test_the_summary_counts_each_arms_processes_and_folds_in_less_noise():
+    config = cpu_config(workloads=("train",), reference_arms=(), process_noise=0.0044)
+    checks = clean_checks("train", ["baseline", "patched"])
+    one = steps_for("train", "baseline", 100, noise=0.002) + steps_for("train", "patched", 101, noise=0.002)
+    two = replicated_steps("baseline", 100, [0.0, 0.0]) + replicated_steps("patched", 101, [0.0, 0.0])
+    rows_one, verdicts_one = summarize(one, checks, config, set())
+    rows_two, verdicts_two = summarize(two, checks, config, set())
+    single = next(r for r in rows_one if r["arm"] == "patched")
+    double = next(r for r in rows_two if r["arm"] == "patched")
+    assert single["processes"] == 1 and double["processes"] == 2
+    assert double["process_noise"] == pytest.approx(0.0044 / math.sqrt(2))
+    assert double["ci_half_width"] < single["ci_half_width"]
+    # 1% slower: inside the +-0.86% floor's reach with one process per arm, outside it with two.
+    assert verdicts_two["train"].verdict == FAIL and verdicts_two["train"].reasons == ["SLOWER"]
+    # The cold step shown is the arm's first process's, not a replica's.
+    cold = [dict(r, replica=1, wall_ns=int(90e6)) for r in two if r["phase"] == "cold"]
+    rows_cold, _ = summarize(two + cold, checks, config, set())
+    assert next(r for r in rows_cold if r["arm"] == "baseline")["cold_ms"] == pytest.approx(50.0)
+
+
+def test_the_stop_rule_uses_the_noise_of_the_processes_that_ran():
+    def rows(replicas):
+        out = []
+        for arm in ("baseline", "patched"):
+            for replica in range(replicas):
+                out += [r | {"replica": replica} for r in steps_for("train", arm, 100, blocks=10, per_block=5,
+                                                                       noise=0.001, seed=replica)]
+        return out
+
+    config = cpu_config(budget_seconds=60.0, process_noise=0.0055, target_half_width=0.01)
+    # 0.55% alone gives +-1.08% with one process per arm: out of reach; with two per arm +-0.76%: reached.
+    assert _stop_reason(config, State(rows(1)), "train", blocks=10, elapsed=1.0) == "target below the process noise"
+    assert _stop_reason(config, State(rows(2)), "train", blocks=10, elapsed=1.0) == "target interval reached"
+
+
+def test_self_benchmark_judges_aa_runs_at_the_default_process_count():
+    from tests.test_self_benchmark import load_module
+
+    sb = load_module()
+    runs = pd.DataFrame({
+        "speedup": [1.006, 0.995, 1.003, 1.0, 1.002], "ci_low": [1.003, 0.992, 1.0, 0.997, 0.999],
+        "ci_high": [1.009, 0.998, 1.006, 1.003, 1.005], "mw_p_adjusted": [0.001] * 5, "process_noise": [0.0] * 5,
+        "significant": [True, True, False, False, False], "verdict": ["FAIL", "FAIL", "PASS", "PASS", "PASS"],
+        "processes": [1, 1, 2, 2, 2], "error": [""] * 5})
+    text, meets, detail = sb.figure("aa", runs, default_noise=0.0044, default_replicas=2)
+    assert text.startswith("0 of 3 A/A runs significant with 2 process(es) per arm") and meets == sb.UNRESOLVED
+    assert detail[0].startswith("- **2 process(es) per arm**, 3 runs")
+    assert any(line.startswith("- **1 process(es) per arm**, 2 runs") for line in detail)
