@@ -5,19 +5,11 @@
 # archive under $OUT (the device returns only a few files). Installs nothing: runs from the checkout with the
 # image's packages.
 set -uo pipefail
-OUT=${OUT:-/tmp/e2eprof-out}
-export PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-DEADLINE=$(( $(date +%s) + ${SECONDS_AVAILABLE:-570} ))
-left() { echo $(( DEADLINE - $(date +%s) )); }
+source "$(dirname "$0")/device_common.sh"
+device_deadline 570
 LOGS=$(mktemp -d)
-mkdir -p "$OUT"
 
-{
-  date -u +%FT%TZ
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
-  python3 -c 'import torch, transformers, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "triton", triton.__version__)'
-} 2>&1 | tee "$LOGS/env.txt"
+{ env_gpu; env_versions; } 2>&1 | tee "$LOGS/env.txt"
 
 PART=cost RESULTS=reports/self-benchmark-h200 OUT="$LOGS" bash benchmarks/self_benchmark.sh 2>&1 | tail -22
 

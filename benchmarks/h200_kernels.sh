@@ -3,19 +3,11 @@
 # fastgelu and fastlayernorm, then microbenchmarks of every built-in kernel in the time left. Results under $OUT.
 # Installs nothing: runs from the checkout (PYTHONPATH) with the image's torch, transformers and triton.
 set -uo pipefail
-OUT=${OUT:-/tmp/e2eprof-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/device_common.sh"
 RUNS=$(mktemp -d)
-DEADLINE=$(( $(date +%s) + ${SECONDS_AVAILABLE:-560} ))
-left() { echo $(( DEADLINE - $(date +%s) )); }
+device_deadline 560
 
-{
-  date -u +%FT%TZ
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
-  python3 -c 'import torch, transformers, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "triton", triton.__version__)'
-} 2>&1 | tee "$OUT/env-kernels.txt"
+{ env_gpu; env_versions; } 2>&1 | tee "$OUT/env-kernels.txt"
 
 python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_kernels.log" | tail -8
 

@@ -4,18 +4,10 @@
 # and the microbenchmarks of the patches in MICROBENCH (default fusedsoftmax), in that order while time lasts
 # (SWEEP=0 leaves the sweep out). One archive under $OUT; installs nothing.
 set -uo pipefail
-OUT=${OUT:-/tmp/e2eprof-out}
-export PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-DEADLINE=$(( $(date +%s) + ${SECONDS_AVAILABLE:-540} ))
-left() { echo $(( DEADLINE - $(date +%s) )); }
+source "$(dirname "$0")/device_common.sh"
+device_deadline 540
 RUNS=$(mktemp -d)
-mkdir -p "$OUT"
-{
-  date -u +%FT%TZ
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
-  python3 -c 'import torch, transformers, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "triton", triton.__version__)'
-} 2>&1 | tee "$RUNS/env.txt"
+{ env_gpu; env_versions; } 2>&1 | tee "$RUNS/env.txt"
 
 run() {  # run NAME MIN_SECONDS ARGS...: one e2eprof command into $RUNS/NAME, skipped when too little time is left
   local name=$1 need=$2; shift 2

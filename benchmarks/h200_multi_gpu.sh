@@ -4,18 +4,13 @@
 # NCCL runs with NVLink multicast off (NCCL_NVLS_ENABLE=0), as the lent machines need. Results under $OUT.
 # Installs nothing: runs from the checkout (PYTHONPATH) with the image's torch, transformers and triton.
 set -uo pipefail
-OUT=${OUT:-/tmp/e2eprof-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/device_common.sh"
 export NCCL_NVLS_ENABLE=0
 RUNS=$(mktemp -d)
-DEADLINE=$(( $(date +%s) + ${SECONDS_AVAILABLE:-560} ))
-left() { echo $(( DEADLINE - $(date +%s) )); }
+device_deadline 560
 
-{
-  date -u +%FT%TZ
-  nvidia-smi --query-gpu=index,name,uuid,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+{  # with each GPU's index and UUID, how they are linked, and NCCL's version and the GPU count
+  env_gpu index,name,uuid,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw
   nvidia-smi topo -m
   python3 -c 'import torch, transformers, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count(), "transformers", transformers.__version__, "triton", triton.__version__)'
 } 2>&1 | tee "$OUT/env-multi-gpu.txt"

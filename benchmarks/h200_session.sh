@@ -3,18 +3,9 @@
 # Installs nothing: the image has torch, transformers, triton, nvidia-ml-py, pandas, pyarrow, typer.
 # Usage (from the repository root on the GPU machine): bash benchmarks/h200_session.sh [extra compare args]
 set -uo pipefail
-OUT=${OUT:-/tmp/e2eprof-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_common.sh"
 
-# Nothing installed: e2eprof runs from the checkout (e2eprof/__init__.py finds kernels/ and workloads/).
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-
-{
-  date -u +%FT%TZ
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
-  python3 -c 'import torch, transformers, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "triton", triton.__version__)'
-} 2>&1 | tee "$OUT/env.txt"
+{ env_gpu; env_versions; } 2>&1 | tee "$OUT/env.txt"
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15

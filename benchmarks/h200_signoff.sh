@@ -5,18 +5,11 @@
 #   PART=2  gpt2 + fastsoftmax, all workloads, default arms on a GPU (baseline, patched, sdpa, compile), adaptive length.
 # Installs nothing: e2eprof runs from the checkout (PYTHONPATH) with the image's torch, transformers and triton.
 set -uo pipefail
-OUT=${OUT:-/tmp/e2eprof-out}
+source "$(dirname "$0")/device_common.sh"
 PART=${PART:-1}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 RUNS=$(mktemp -d)
 
-{
-  date -u +%FT%TZ
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
-  python3 -c 'import torch, transformers, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "triton", triton.__version__)'
-} 2>&1 | tee "$OUT/env-part$PART.txt"
+{ env_gpu; env_versions; } 2>&1 | tee "$OUT/env-part$PART.txt"
 
 timed() {  # timed NAME COMMAND...: run, log, record exit code and wall time
   local name=$1; shift

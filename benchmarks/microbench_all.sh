@@ -7,9 +7,7 @@
 # Budget: with the sweep and torch.compile on, expect one to a few minutes per patch on an H200 (compilation
 # dominates); name a subset of patches to stay inside one 10-minute device call.
 set -uo pipefail
-OUT=${OUT:-/tmp/e2eprof-out}
-export PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/device_common.sh"
 RUNS="$OUT/microbench"
 mkdir -p "$RUNS"
 

@@ -11,17 +11,12 @@
 #   PART=cost alone: the default compare (compile arm, profiling) took 506 s on 2026-12-02, close to the 10 minutes.
 # Installs nothing: e2eprof runs from the checkout (PYTHONPATH) with the image's torch, transformers and triton.
 set -uo pipefail
-OUT=${OUT:-/tmp/e2eprof-out}
+source "$(dirname "$0")/device_common.sh"
 PART=${PART:-aa}
 RESULTS=${RESULTS:-reports/self-benchmark-h200}
-mkdir -p "$OUT" "$RESULTS"
-export PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+mkdir -p "$RESULTS"
 
-{
-  date -u +%FT%TZ
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
-} >"$OUT/env-$PART.txt" 2>&1
+env_gpu >"$OUT/env-$PART.txt" 2>&1
 
 args=(--part "$PART" --out "$RESULTS" --deadline "${DEADLINE:-420}")
 [ -n "${RUNS:-}" ] && args+=(--runs "$RUNS")
