@@ -8,17 +8,11 @@
 # Results accumulate in RESULTS (default reports/self-benchmark-h200, in the checkout); this call's run folders come
 # back in one archive, with the two parts' tables and sections.
 set -uo pipefail
-OUT=${OUT:-/tmp/e2eprof-out}
+source "$(dirname "$0")/device_common.sh"
 R=${RESULTS:-reports/self-benchmark-h200}
-mkdir -p "$OUT" "$R/runs"
-export PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+mkdir -p "$R/runs"
 
-{
-  date -u +%FT%TZ
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw,memory.used --format=csv
-  python3 -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)"
-} >"$OUT/env.txt" 2>&1
+{ env_gpu "$GPU_QUERY,memory.used"; env_versions; } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 touch "$OUT/.started"
 
