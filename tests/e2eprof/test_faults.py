@@ -1,11 +1,12 @@
 """Faults around a run: a patch that raises, returns the wrong shape or kills its worker; Ctrl-C and SIGTERM; reruns.
 
 Every case is a real compare of gpt2-tiny on CPU (worker processes, report tables); the signal cases run the CLI
-as a subprocess and signal it once timed steps are on disk.
+as a subprocess and signal it once it is, provably, inside its timing phase.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -70,29 +71,80 @@ def test_a_failing_patch_fails_the_run_and_keeps_the_baseline(tmp_path, kind):
     assert pd.read_parquet(out / "run.parquet").status.iloc[0] == "complete"
 
 
-def interrupt(tmp_path: Path, signum: int, times: int = 1) -> tuple[subprocess.CompletedProcess, Path]:
-    """Start a long compare, wait for its first timed steps on disk, send `signum` `times` times back to back, wait
-    for it to exit."""
-    out = tmp_path / "report"
-    long_run = [*SMALL, "--patch", "fastsoftmax", "--steps", "400", "--out", str(out)]  # the last --steps wins
-    # SIGINT back to its default in the child: a shell that starts jobs in the background (CI scripts do) hands them
-    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler at all.
-    process = subprocess.Popen([sys.executable, "-m", "e2eprof", "compare", *long_run], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+LONG_STEPS = 400  # long enough that timing lasts seconds on CPU (about 200 rounds of blocks)
+
+
+def _timed_blocks_flushed(out: Path) -> int | None:
+    """The highest timed block in steps.parquet (flushed after every round of timed blocks); None if none is.
+
+    The run writes the table (empty) before it starts any worker and replaces it atomically, so by the time it
+    announces timing the file is there and whole: a failure to read it fails the test.
+    """
+    steps = pd.read_parquet(out / "steps.parquet")
+    warm = steps[steps.phase == "warm"]
+    return int(warm.block.max()) if len(warm) else None
+
+
+def _stop_inside_timing(process: subprocess.Popen, out: Path, stderr_path: Path, n_blocks: int) -> None:
+    """Wait until the run announces its timing phase, then freeze it (SIGSTOP) where the tables prove it is inside it.
+
+    Deterministic, not a race against the clock: the run prints "infer: timing" as timing starts and flushes
+    steps.parquet after every round of timed blocks. Frozen after that line, with no timed round flushed yet or the
+    last one flushed short of the final block, the run is between two flushes that both lie inside timing, and stays
+    there until it is continued. Fails the test with a message if the phase never comes or the run got past it.
+    """
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if len(pd.read_parquet(out / "steps.parquet")):
-                break
-        except (FileNotFoundError, OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    assert process.poll() is None, "the run ended before it could be interrupted: " + process.stderr.read()
-    for _ in range(times):
-        process.send_signal(signum)
-    stdout, stderr = process.communicate(timeout=120)
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), out
+    while "infer: timing" not in stderr_path.read_text(errors="replace"):
+        if process.poll() is not None:
+            pytest.fail(f"the run ended (exit {process.returncode}) before timing:\n{stderr_path.read_text()}")
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"the run did not reach its timing phase in 240 s:\n{stderr_path.read_text()}")
+        time.sleep(0.05)
+    process.send_signal(signal.SIGSTOP)
+    _, status = os.waitpid(process.pid, os.WUNTRACED)  # SIGSTOP lands asynchronously: wait until it has
+    if not os.WIFSTOPPED(status):
+        pytest.fail(f"the run ended before it could be interrupted (wait status {status}):\n{stderr_path.read_text()}")
+    last = _timed_blocks_flushed(out)
+    if last is not None and last >= n_blocks - 1:
+        process.kill()
+        process.send_signal(signal.SIGCONT)
+        pytest.fail(f"the run had flushed its last timed block ({last}) before the test could stop it: "
+                    "it was past its timing phase, not inside it")
+    # Shown with a failure: a run that then ends as if never signalled lost the signal, it did not get it late.
+    print(f"signalled with the run stopped inside timing (last timed block flushed: {last}, of {n_blocks})")
+
+
+def interrupt(tmp_path: Path, signum: int, times: int = 1) -> tuple[subprocess.CompletedProcess, Path]:
+    """Start a long compare, stop it once it is inside its timing phase, send `signum` `times` times back to back
+    (the first while it is stopped, so it lands inside timing), wait for it to exit."""
+    out = tmp_path / "report"
+    # The last --steps wins.
+    long_run = [*SMALL, "--patch", "fastsoftmax", "--steps", str(LONG_STEPS), "--out", str(out)]
+    n_blocks = -(-LONG_STEPS // int(SMALL[SMALL.index("--block-steps") + 1]))
+    # Output to files, not pipes: nothing is read while the test waits, and a full pipe would block the run.
+    stdout_path, stderr_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(stdout_path, "w") as stdout, open(stderr_path, "w") as stderr:
+        # SIGINT back to its default in the child: a shell that starts jobs in the background (CI scripts do) hands
+        # them SIGINT ignored, and Python then installs no KeyboardInterrupt handler at all.
+        process = subprocess.Popen([sys.executable, "-m", "e2eprof", "compare", *long_run], stdout=stdout,
+                                   stderr=stderr, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        _stop_inside_timing(process, out, stderr_path, n_blocks)
+        process.send_signal(signum)  # pending while stopped: delivered inside timing the moment the run continues
+        process.send_signal(signal.SIGCONT)
+        for _ in range(times - 1):
+            process.send_signal(signum)
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.send_signal(signal.SIGCONT)
+            process.wait()
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout_path.read_text(),
+                                         stderr_path.read_text())
+    return result, out
 
 
 # GNU timeout sends SIGTERM to the command and then to its whole process group: the run gets it twice, the second
@@ -116,5 +168,5 @@ def test_an_interrupted_run_keeps_readable_tables_and_refuses_a_rerun(tmp_path, 
         resumed = subprocess.run([sys.executable, "-m", "e2eprof", "compare", *SMALL, "--patch", "fastsoftmax",
                                   "--out", str(out), "--resume"], capture_output=True, text=True, timeout=120)
         # --resume continues only the same run: these options differ from the interrupted run's (tests/e2eprof/test_resume.py)
-        assert resumed.returncode == 2 and "started with --steps 400" in resumed.stderr, resumed.stderr
+        assert resumed.returncode == 2 and f"started with --steps {LONG_STEPS}" in resumed.stderr, resumed.stderr
         assert len(resumed.stderr.strip().splitlines()) == 1 and "Traceback" not in resumed.stderr
