@@ -5,9 +5,9 @@
 #   counted from the start of the planted part. LEVELS (default 0.01), SENS_RUNS (default 10) per level.
 #   Extra arguments go to both self_benchmark.py calls (a CPU dry run: --model gpt2-tiny --steps 6 --seq 16).
 #   Each part is cut 60 s after its deadline, so the copy and archive at the end always run.
-#   GPU_TEST=1 runs tests/gpu/test_build_on_device.py first (the workers build their models on the GPU).
-# Results accumulate in RESULTS (default reports/self-benchmark-h200, in the checkout); this call's run folders come
-# back in one archive, with the two parts' tables and sections.
+# Results accumulate in RESULTS (default reports/self-benchmark-h200, in the checkout): the device starts from this
+# machine's tree, so extract the previous call's results.tgz here before the next call, or its runs are numbered (and
+# seeded) again from the same index. This call's run folders come back in results.tgz with every table.
 set -uo pipefail
 source "$(dirname "$0")/device_common.sh"
 R=${RESULTS:-reports/self-benchmark-h200}
@@ -15,12 +15,7 @@ mkdir -p "$R/runs"
 
 { env_gpu "$GPU_QUERY,memory.used"; env_versions; } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-touch "$OUT/.started"
-
-if [ "${GPU_TEST:-0}" = 1 ]; then
-  timeout 120 python3 -m pytest -q tests/gpu/test_build_on_device.py >"$OUT/gputest.log" 2>&1
-  tail -2 "$OUT/gputest.log"
-fi
+started=$(mktemp)  # outside $OUT: only about 8 files come back from a device call, so every one counts
 
 timeout $(( ${AA_S:-300} + 60 )) python3 benchmarks/self_benchmark.py --part aa --runs 40 --out "$R" --deadline "${AA_S:-300}" "$@" 2>&1 \
   | grep -v "loss_type=None" >"$OUT/aa.log"
@@ -29,5 +24,6 @@ timeout $(( ${SENS_S:-250} + 60 )) python3 benchmarks/self_benchmark.py --part s
   --deadline "${SENS_S:-250}" "$@" 2>&1 | grep -v "loss_type=None" >"$OUT/sensitivity.log"
 grep -E "exit|measured|^\|" "$OUT/sensitivity.log" | tail -25
 
+# The tables go into the archive as well as beside it: a call that returns too many files keeps them there.
 cp "$R"/aa.md "$R"/aa.parquet "$R"/sensitivity.md "$R"/sensitivity.parquet "$OUT/" 2>/dev/null
-find "$R/runs" -maxdepth 1 -newer "$OUT/.started" -printf "%P\n" | tar czf "$OUT/runs.tgz" -C "$R/runs" -T -
+{ ls "$R"/*.md "$R"/*.parquet; find "$R/runs" -mindepth 1 -maxdepth 1 -newer "$started"; } | tar czf "$OUT/results.tgz" -T -

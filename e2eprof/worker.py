@@ -120,8 +120,7 @@ class ArmWorker:
         source = resolve_model(setup.model)
         if setup.arm.apply_patch:
             check_model_fits(self.loaded.patch, source.architecture, setup.arm.attn_implementation)
-        model = build_model(source, attn_implementation=setup.arm.attn_implementation, seed=setup.seed,
-                            device=self.device)
+        model = build_model(source, attn_implementation=setup.arm.attn_implementation, seed=setup.seed)
         if setup.arm.apply_patch:
             self.applied = apply_patch(self.loaded.patch, model)
         self.model = model.to(self.device)

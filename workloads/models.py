@@ -10,8 +10,6 @@ a typo before it spawns worker processes.
 
 from __future__ import annotations
 
-import contextlib
-
 import difflib
 import json
 from dataclasses import dataclass
@@ -89,16 +87,12 @@ def resolve_model(name_or_path: str) -> ModelSource:
     return _resolve_folder(path)
 
 
-def build_model(source: ModelSource, *, attn_implementation: str, seed: int,
-                device: str | torch.device = "cpu") -> torch.nn.Module:
-    """Build the model in fp32, in eval mode, with the requested attention implementation.
+def build_model(source: ModelSource, *, attn_implementation: str, seed: int) -> torch.nn.Module:
+    """Build the model on CPU in fp32, in eval mode, with the requested attention implementation.
 
-    Presets get weights drawn from `device`'s generator seeded with `seed`, created on that device: on a GPU the
-    draw takes milliseconds where the CPU took 9 s for gpt2 on the H200's host, in every worker of every run. The
-    same seed on the same kind of device gives every arm the same weights (a CPU build and a GPU build differ,
-    and both are random weights). The caller's RNG state is left as it was (the draw happens inside
-    `torch.random.fork_rng`). Folders load on the CPU; their seed only matters if transformers had to initialise
-    something, which we refuse anyway (missing weights raise ModelLoadError).
+    Presets get weights drawn from torch's CPU generator seeded with `seed`; the caller's global RNG state is left
+    as it was (the draw happens inside `torch.random.fork_rng`). For folders the seed only matters if transformers
+    had to initialise something, which we refuse anyway (missing weights raise ModelLoadError).
     """
     if "/" in attn_implementation:
         # transformers treats "org/repo" as a kernel to fetch from the Hub; we never download.
@@ -106,10 +100,7 @@ def build_model(source: ModelSource, *, attn_implementation: str, seed: int,
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
     auto_class = AutoModelForMaskedLM if objective(source.architecture) == "masked-lm" else AutoModelForCausalLM
-    device = torch.device(device)
-    on_gpu = device.type == "cuda" and source.kind == "preset"
-    gpus = [device.index if device.index is not None else torch.cuda.current_device()] if on_gpu else []
-    with torch.random.fork_rng(devices=gpus), (device if on_gpu else contextlib.nullcontext()):
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
             if source.kind == "preset":
