@@ -144,7 +144,7 @@ def _config(policy: Path | None, **options):
     if values.get("seq") is None:
         values["seq"] = _default_seq_that_fits(values.get("model"), values.get("device", "auto"))
     return CompareConfig(**values, policy=str(policy) if policy else None,
-                         command_line=shlex.join(["e2eprof", *sys.argv[1:]]))
+                         command_line=_command_line())
 
 
 def _default_seq_that_fits(model: str | None, device: str) -> int | None:
@@ -246,7 +246,7 @@ def microbench(
 
     config = MicrobenchConfig(patch=patch, model=model, device=device, precision=dtype, batch=batch, seq=seq,
                               trials=trials, sweep=sweep, compile=compile, seed=seed, out=out, force=force,
-                              command_line=shlex.join(["e2eprof", *sys.argv[1:]]))
+                              command_line=_command_line())
     result = run_microbench(config, progress=lambda line: err_console.print(f"[dim]·[/dim] {line}", highlight=False))
     print_table(out_console, result.table, result.path)
     return 0
@@ -319,8 +319,20 @@ def _click_exceptions(name: str) -> tuple[type, ...]:
     return tuple(found)
 
 
+# The arguments main() was called with; None: the process's own (sys.argv), as from the console script.
+_argv: list[str] | None = None
+
+
+def _command_line() -> str:
+    """The e2eprof command as given, for run.parquet: main()'s arguments when a program calls it in-process (the
+    self-benchmark does), where sys.argv is that program's command, not e2eprof's."""
+    return shlex.join(["e2eprof", *(sys.argv[1:] if _argv is None else _argv)])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: run the app, turn every failure into one line and an exit code."""
+    global _argv
+    _argv = None if argv is None else list(argv)
     try:
         code = app(args=argv, standalone_mode=False, prog_name="e2eprof")
     except _click_exceptions("NoArgsIsHelpError"):

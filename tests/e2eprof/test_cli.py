@@ -122,3 +122,14 @@ def test_default_seq_shrinks_to_a_model_with_fewer_positions_but_a_given_seq_is_
     assert "32 tokens" in capsys.readouterr().err
     assert _config(None, model=str(tmp_path), patch="fastsoftmax", device="cpu", seq=16).seq == 16
     assert _config(None, model="gpt2-tiny", patch="fastsoftmax", device="cpu", seq=None).seq == DeviceDefaults.for_device("cpu").seq
+
+
+def test_an_in_process_call_records_its_own_command_line(monkeypatch):
+    """A program calling main() (the self-benchmark does) records e2eprof's arguments, not its own sys.argv."""
+    from e2eprof import cli
+
+    seen = []
+    monkeypatch.setattr(cli, "_run", lambda config, resume=False: seen.append(config) or 0)
+    monkeypatch.setattr(sys, "argv", ["self_benchmark.py", "--part", "aa"])
+    assert cli.main(["calibrate", "--model", "gpt2-tiny", "--device", "cpu", "--seed", "3"]) == 0
+    assert seen[0].command_line == "e2eprof calibrate --model gpt2-tiny --device cpu --seed 3"
