@@ -17,6 +17,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from e2eprof import interrupt
 from e2eprof.errors import E2EProfError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -172,10 +173,6 @@ def _default_seq_that_fits(model: str | None, device: str) -> int | None:
     return limit
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the main thread is, so the run stops through the same path as Ctrl-C."""
-
-
 def _stop_once(signum, frame) -> None:
     """The first Ctrl-C or SIGTERM stops the run; later ones are ignored until it has written its tables.
 
@@ -185,7 +182,8 @@ def _stop_once(signum, frame) -> None:
     for caught in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(caught) is _stop_once:
             signal.signal(caught, signal.SIG_IGN)
-    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    interrupt.request(signum)  # raised again by the runner if this raise is swallowed (e2eprof.interrupt)
+    raise interrupt.exception(signum)
 
 
 def _run(config, resume: bool = False) -> int:
@@ -203,6 +201,7 @@ def _run(config, resume: bool = False) -> int:
     # SIGTERM (a CI timeout, a job scheduler) stops the run like Ctrl-C: tables flushed, run marked interrupted.
     # Ctrl-C is taken over only where Python's own handler is in place (a background job keeps ignoring it).
     previous = {}
+    interrupt.clear()  # a stop asked of an earlier run in this process (main() called in-process) is not this one's
     if threading.current_thread() is threading.main_thread():
         previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _stop_once)
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -212,8 +211,9 @@ def _run(config, resume: bool = False) -> int:
     except KeyboardInterrupt as exc:
         # Handled here, not left to main(): typer turns an escaping KeyboardInterrupt into a bare exit code 130.
         events.close()
+        interrupt.clear()
         _error_line("e2eprof: interrupted; tables written so far are kept, the run is marked interrupted")
-        return 143 if isinstance(exc, Terminated) else 130  # the shell's 128 + signal number
+        return 143 if isinstance(exc, interrupt.Terminated) else 130  # the shell's 128 + signal number
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

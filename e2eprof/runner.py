@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from e2eprof import explain, reports, stats, telemetry
+from e2eprof import explain, interrupt, reports, stats, telemetry
 from e2eprof import resume as resume_run
 from e2eprof.arm_process import ArmFailed, ArmProcess
 from e2eprof.config import AA_ARM, CompareConfig, default_out_dir
@@ -539,6 +539,7 @@ def _call(processes, state, key: str, command: str, args: dict | None = None):
     """One command to one arm's process (key: the arm, or "<arm>#<replica>"); a failure is recorded (not raised)
     and the arm, all its processes, is left out from then on."""
     args = args or {}
+    interrupt.check()
     if arm_of(key) in state.arm_failures or (arm_of(key), args.get("workload")) in state.out_of_memory:
         return None
     try:
@@ -680,6 +681,7 @@ def _overlapped(processes, state, calls: dict[str, tuple[str, dict]], *,
     is recorded like any other (with retry_out_of_memory=False, the first). Results by arm; a failed arm is left
     out.
     """
+    interrupt.check()
     sent = []
     for arm, (command, args) in calls.items():
         if arm_of(arm) in state.arm_failures or (arm_of(arm), args.get("workload")) in state.out_of_memory:
