@@ -540,6 +540,8 @@ def _call(processes, state, key: str, command: str, args: dict | None = None):
     and the arm, all its processes, is left out from then on."""
     args = args or {}
     interrupt.check()
+    if key not in processes:  # a replica dropped since the caller listed the processes (_process_failed)
+        return None
     if arm_of(key) in state.arm_failures or (arm_of(key), args.get("workload")) in state.out_of_memory:
         return None
     try:
@@ -684,7 +686,7 @@ def _overlapped(processes, state, calls: dict[str, tuple[str, dict]], *,
     interrupt.check()
     sent = []
     for arm, (command, args) in calls.items():
-        if arm_of(arm) in state.arm_failures or (arm_of(arm), args.get("workload")) in state.out_of_memory:
+        if arm not in processes or arm_of(arm) in state.arm_failures or (arm_of(arm), args.get("workload")) in state.out_of_memory:
             continue
         try:
             processes[arm].send(command, **args)

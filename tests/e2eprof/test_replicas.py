@@ -13,7 +13,7 @@ from e2eprof import stats
 from e2eprof.arm_process import ArmFailed
 from e2eprof.config import AA_ARM, CompareConfig, DeviceDefaults
 from e2eprof.errors import UsageError
-from e2eprof.runner import _arms, _process_failed, _stop_reason, _with_replicas
+from e2eprof.runner import _arms, _call, _process_failed, _stop_reason, _with_replicas
 from e2eprof.summary import summarize
 from e2eprof.verdict import FAIL
 from e2eprof.worker import arm_of
@@ -88,6 +88,8 @@ def test_a_replica_out_of_memory_is_dropped_and_its_arm_goes_on():
     assert state.arm_failures == {} and state.out_of_memory == set()
     row = state.correctness[-1]
     assert (row["arm"], row["metric"], row["passed"], row["workload"]) == ("baseline", "replica_dropped", True, "train")
+    # A round of blocks listed its processes before the drop: the dropped one is skipped, not a KeyError.
+    assert _call(processes, state, "baseline#1", "block", {"workload": "train"}) is None
 
 
 def test_any_other_failure_of_a_replica_fails_its_arm():
