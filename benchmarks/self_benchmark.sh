@@ -4,7 +4,8 @@
 #   RESULTS (default reports/self-benchmark-h200, inside the checkout): aa and sensitivity append to the Parquet
 #   already there, so extract the previous call's archive into the checkout before the next call to accumulate runs.
 #   DEADLINE (default 420): seconds after which no new run starts, leaving room for the last run inside 10 minutes.
-# A plan that fits (about 45 s per run on the H200, so 9 runs per call):
+# A plan that fits (about 45 s per run on the H200, so 9 runs per call; benchmarks/h200_replicas.sh runs A/A and
+# planted runs together in one call):
 #   PART=aa  RUNS=9 (twice or three times, for at least 20 A/A runs); then
 #   PART=sensitivity RUNS=9 LEVELS=0.01 (the target level; takes the baseline median from aa.parquet), then
 #   PART=sensitivity RUNS=2 LEVELS=0.005,0.02,0.05; PART=overhead; PART=agreement;
