@@ -14,6 +14,8 @@ replacement.forward(module, x), the stock forward(module, x) and reference(modul
 
 from __future__ import annotations
 
+import contextlib
+
 import difflib
 import importlib
 import inspect
@@ -160,6 +162,31 @@ def _poison_allocator(inputs: list[torch.Tensor]) -> None:
                 torch.full(t.shape, math.nan, dtype=dtype, device=t.device)
 
 
+@contextlib.contextmanager
+def _unwritten_is_nan(inputs: list[torch.Tensor]):
+    """On the CPU, memory the call allocates and never writes reads as NaN (integers: their maximum).
+
+    The allocator poison above rests on the next allocation reusing the freed NaN block. CUDA's caching allocator
+    does that; CPU malloc mostly does not (a gpt2-tiny softmax output got a different address in 2000 of 2000
+    tries), so an output never written could hold anything, an earlier correct result included. torch fills
+    torch.empty* with NaN while deterministic algorithms are on (torch.utils.deterministic.fill_uninitialized_memory);
+    warn_only, so an op without a deterministic implementation still runs. Only around the checked call, and only
+    on the CPU: GPU behaviour stays what the H200 tests exercised.
+    """
+    if not any(t.device.type == "cpu" for t in inputs):
+        yield
+        return
+    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
 def _writable(t: torch.Tensor) -> bool:
     # An expanded tensor (stride 0 over a dimension longer than 1) has elements sharing memory: no copy_ into it.
     return all(stride != 0 or size == 1 for stride, size in zip(t.stride(), t.shape))
@@ -285,7 +312,8 @@ class CallRecorder:
         before = [t.detach().clone() for t in inputs]
         _poison_allocator(inputs)
         threads = threading.active_count()
-        out = self.target(*args, **kwargs)
+        with _unwritten_is_nan(inputs):
+            out = self.target(*args, **kwargs)
         started = threading.active_count() - threads
         if started > 0:
             check.add_finding("threads_leaked", f"{started} Python thread(s) still running after the call returned")
