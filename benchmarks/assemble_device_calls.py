@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from e2eprof.config import DeviceDefaults
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import self_benchmark as sb  # noqa: E402
 
@@ -133,9 +135,7 @@ def assemble(into: Path, calls: list[Path]) -> None:
                 print(f"{call.name}: {folder.name} -> {new_name} ({row['verdict']})")
     for part, table in tables.items():
         table.to_parquet(into / f"{part}.parquet", index=False)
-        defaults = sb.Settings(model="gpt2", workload="train", workload_given=False, device="cuda", out=into, runs=0,
-                               deadline_s=0, steps=None, block_steps=None, batch=None, seq=None, dtype=None,
-                               budget=None, replicas=None, command="", started=0).resolved()
+        defaults = DeviceDefaults.for_device("cuda")  # the runs were made with e2eprof's GPU defaults
         (into / f"{part}.md").write_text(sb.markdown(part, table, defaults.process_noise, defaults.replicas))
 
 

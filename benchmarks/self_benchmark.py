@@ -166,7 +166,7 @@ def verdict_columns(row: pd.Series) -> dict:
             "ci_low": float(row.ci_low), "ci_high": float(row.ci_high), "mw_p_adjusted": float(row.mw_p_adjusted),
             "significant": significant, "blocks": int(row.blocks),
             "process_noise": float(row.get("process_noise", math.nan)), "timing_s": float(row.timing_s),
-            "processes": int(row.get("processes", 1) if pd.notna(row.get("processes", 1)) else 1),
+            "processes": int(row["processes"]) if pd.notna(row.get("processes")) else 1,
             "stop_reason": row.stop_reason}
 
 
@@ -605,7 +605,8 @@ def write(part: str, new_rows: list[dict], s: Settings, keep_old: bool) -> pd.Da
     if keep_old and path.exists():
         frame = pd.concat([pd.read_parquet(path), frame], ignore_index=True)
     frame.to_parquet(path, index=False)
-    (s.out / f"{part}.md").write_text(markdown(part, frame, s.resolved().process_noise, s.resolved().replicas))
+    defaults = s.resolved()
+    (s.out / f"{part}.md").write_text(markdown(part, frame, defaults.process_noise, defaults.replicas))
     return frame
 
 

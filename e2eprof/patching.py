@@ -15,7 +15,6 @@ replacement.forward(module, x), the stock forward(module, x) and reference(modul
 from __future__ import annotations
 
 import contextlib
-
 import difflib
 import importlib
 import inspect

@@ -39,7 +39,7 @@ from e2eprof.registry import LoadedPatch, load_patch
 from e2eprof.summary import attach_memory, summarize, verdict_key
 from e2eprof.sweep import SweepPoint, by_point, is_oom, oom_row, stamp
 from e2eprof.verdict import EXIT_CODES, Verdict, flag_implausible, worst
-from e2eprof.worker import ArmSpec, WorkerSetup, arm_of, scratch_path
+from e2eprof.worker import ArmSpec, WorkerSetup, arm_of, is_replica, scratch_path
 from e2eprof.workloads.loops import check_workloads
 from e2eprof.workloads.models import ModelLoadError, resolve_model
 
@@ -433,7 +433,7 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
             _run_workload(config, workload, processes, state, patch, scratch, events)
             # Peaks per unit, so a finished unit's rows are complete when it is recorded as finished. An arm's
             # replicas hold the same model and batches: its first process speaks for its memory.
-            firsts = {k: p for k, p in processes.items() if k == arm_of(k)}
+            firsts = {k: p for k, p in processes.items() if not is_replica(k)}
             for rows in _broadcast(firsts, state, "memory_peaks").values():
                 state.memory += [r for r in rows if r["workload"] == workload]
             state.finish_unit(workload)
@@ -509,7 +509,7 @@ def _process_failed(processes: dict[str, ArmProcess], state: _RunState, key: str
     out, with a row saying so: its arm goes on with fewer processes (and an interval with more process noise).
     Anything else is its arm's failure (the same code failed), recorded by _record_failure.
     """
-    if key != arm_of(key) and is_oom(failure):
+    if is_replica(key) and is_oom(failure):
         state.correctness.append({
             "workload": workload, "arm": arm_of(key), "tensor": "-", "metric": "replica_dropped", "value": 1.0,
             "tolerance": math.nan, "passed": True,  # informational: the arm stays, its interval widens
@@ -562,7 +562,7 @@ def _run_workload(config, workload, processes, state, patch, scratch, events) ->
     # and profiles are properties of the code an arm runs, checked once; timing needs every process.
     live = lambda: [k for k in processes if arm_of(k) not in state.arm_failures  # noqa: E731
                     and (arm_of(k), workload) not in state.out_of_memory and (arm_of(k), workload) not in SITS_OUT]
-    first = lambda: [k for k in live() if k == arm_of(k)]  # noqa: E731
+    first = lambda: [k for k in live() if not is_replica(k)]  # noqa: E731
     before = {a: _call(processes, state, a, "counters") for a in first()}
     first_step = len(state.steps)  # this workload's steps are state.steps[first_step:]
     patched_live = "patched" in live()

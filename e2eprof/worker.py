@@ -64,6 +64,11 @@ def arm_of(key: str) -> str:
     return key.split(REPLICA_MARK, 1)[0]
 
 
+def is_replica(key: str) -> bool:
+    """Whether a process key names an arm's extra process rather than its first ("patched#1", not "patched")."""
+    return key != arm_of(key)
+
+
 @dataclass(frozen=True)
 class WorkerSetup:
     arm: ArmSpec
