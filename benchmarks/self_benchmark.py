@@ -9,7 +9,7 @@ one call (20 A/A runs) is run as several calls into the same OUT.
   sensitivity  planted slowdowns (--levels), --runs N each, --budget 60 s   target: 1% detected in >= 90% of runs
   overhead     step time bare vs NVML sampler vs sampler + e2eprof's per-step bookkeeping   target: < 0.5%
   cost         default `compare --model gpt2 --patch fastsoftmax` by phases.parquet    target: < 3 min, timing >= half
-  agreement    profiled softmax kernel time vs triton do_bench and torch.utils.benchmark   target: within 5%
+  agreement    profiled softmax kernel time vs triton do_bench and torch.utils.benchmark, same calls   target: within 5%
 
 Each run is the e2eprof command line (aa and sensitivity run it inside this process, the cost part as its own
 `python3 -m e2eprof ...`) and is read back from its Parquet; nothing is installed.
@@ -50,7 +50,7 @@ TARGETS = {
     "sensitivity": "a planted 1% slowdown detected (FAIL, SLOWER) in at least 90% of at least 10 runs",
     "overhead": "sampler + bookkeeping cost under 0.5% of step time (the whole 95% interval)",
     "cost": "default compare under 180 s in all, timing at least half of it",
-    "agreement": "profiled kernel time within 5% of do_bench and torch.utils.benchmark",
+    "agreement": "e2eprof's profiled kernel time within 5% of do_bench and torch.utils.benchmark on the same calls",
 }
 
 
@@ -351,9 +351,43 @@ def profiled_forward_us(ops: pd.DataFrame, kernels: pd.DataFrame, arm: str, work
     return float(mine.median_us.sum()), names
 
 
-def part_agreement(s: Settings) -> list[dict]:
-    """Per-call forward kernel time of the replaced softmax, stock and patched: e2eprof's profile vs two other timers.
+def isolated_profile_us(call, device: str, calls_per_step: int = 20) -> float:
+    """e2eprof's own profiler (profiling.profile_workload, the code behind ops/kernels.parquet) on isolated calls of
+    the op: per call, each kernel's median launch time, summed. The same calls the independent timers make, so any
+    difference between them is the timers', not the loop's."""
+    import torch
 
+    from e2eprof.profiling import profile_workload
+
+    result = profile_workload(lambda: [call() for _ in range(calls_per_step)], torch.nn.Module(),
+                              device=torch.device(device), warmup=1, active=3, with_module_ranges=False)
+    # Kernels launched once per call of the op (calls counts launches per profiled step).
+    return float(sum(k["median_us"] for k in result.kernels if k["calls"] >= calls_per_step))
+
+
+def phase_sm_clock(run_dir: Path, workload: str, phase: str) -> float:
+    """Median SM clock (MHz) the compare run's NVML sampler saw during one of its phases; NaN without telemetry."""
+    try:
+        telemetry = pd.read_parquet(run_dir / "telemetry.parquet")
+        phases = pd.read_parquet(run_dir / "phases.parquet")
+    except (OSError, ValueError):
+        return math.nan
+    window = phases[(phases.workload == workload) & (phases.phase == phase)]
+    if not len(window) or "sm_clock_mhz" not in telemetry:
+        return math.nan
+    start, end = int(window.start_unix_ns.iloc[0]), int(window.end_unix_ns.iloc[0])
+    inside = telemetry[(telemetry.unix_ns >= start) & (telemetry.unix_ns <= end)].sm_clock_mhz.dropna()
+    return float(inside.median()) if len(inside) else math.nan
+
+
+def part_agreement(s: Settings) -> list[dict]:
+    """Per-call forward kernel time of the replaced softmax, stock and patched: e2eprof's profiler against two other
+    timers on the same calls, and e2eprof's time for the op inside the loop beside them.
+
+    The target is judged on the same calls (e2eprof's profiler on the isolated op, as do_bench and Timer time it):
+    that is agreement between timers. The op inside the training step is another measurement: other clocks (a
+    whole step draws more power), other cache state. Its difference from the isolated time is the loop's effect,
+    which e2eprof exists to show, so it is reported with the SM clock under each, not judged against the timers.
     The independent timers get the op's real inputs: shape, dtype and strides captured from one step of the model
     (GPT-2's softmax input is fp32 under bf16 autocast: the fp32 mask promotes it).
     """
@@ -366,6 +400,7 @@ def part_agreement(s: Settings) -> list[dict]:
     from e2eprof.microbench.bench import draw_inputs, op_for
     from e2eprof.microbench.capture import capture_shapes
     from e2eprof.registry import load_patch
+    from e2eprof.telemetry import open_sampler
 
     run_dir = s.out / "runs" / "agreement-compare"
     result = run_e2eprof(["compare", "--model", s.model, "--patch", "fastsoftmax", "--workload", s.workload,
@@ -374,6 +409,7 @@ def part_agreement(s: Settings) -> list[dict]:
         return [{"arm": "-", "status": "failed"} | failed_row(result)]
     ops = pd.read_parquet(run_dir / "ops.parquet")
     kernels = pd.read_parquet(run_dir / "kernels.parquet")
+    loop_clock = phase_sm_clock(run_dir, s.workload, "profile")
     d = s.resolved()
     patch = load_patch("fastsoftmax").patch
     specs = [sp for sp in capture_shapes(patch, s.model, device=s.device, precision=d.precision, batch=d.batch,
@@ -387,14 +423,19 @@ def part_agreement(s: Settings) -> list[dict]:
             with torch.no_grad(), spec.context():
                 fn(*inputs.args, **inputs.kwargs)
 
-        e2eprof_us, names = profiled_forward_us(ops, kernels, arm, s.workload)
-        do_bench_us = triton.testing.do_bench(call, warmup=50, rep=500, return_mode="median") * 1e3
-        timer = benchmark.Timer(stmt="call()", globals={"call": call}).blocked_autorange(min_run_time=2.0)
+        in_loop_us, names = profiled_forward_us(ops, kernels, arm, s.workload)
+        with open_sampler(s.device) as sampler:
+            isolated_us = isolated_profile_us(call, s.device)
+            do_bench_us = triton.testing.do_bench(call, warmup=50, rep=500, return_mode="median") * 1e3
+            timer = benchmark.Timer(stmt="call()", globals={"call": call}).blocked_autorange(min_run_time=2.0)
+        clocks = sampler.frame().get("sm_clock_mhz", pd.Series(dtype=float)).dropna()
         timer_us = timer.median * 1e6
         rows.append({"arm": arm, "status": "measured", "shape": spec.signature(), "kernels": "; ".join(sorted(names)),
-                     "e2eprof_us": e2eprof_us, "do_bench_us": do_bench_us, "timer_us": timer_us,
-                     "vs_do_bench": e2eprof_us / do_bench_us - 1, "vs_timer": e2eprof_us / timer_us - 1,
-                     "command": result.command})
+                     "e2eprof_us": isolated_us, "do_bench_us": do_bench_us, "timer_us": timer_us,
+                     "vs_do_bench": isolated_us / do_bench_us - 1, "vs_timer": isolated_us / timer_us - 1,
+                     "in_loop_us": in_loop_us, "loop_vs_isolated": in_loop_us / isolated_us - 1,
+                     "isolated_sm_clock_mhz": float(clocks.median()) if len(clocks) else math.nan,
+                     "loop_sm_clock_mhz": loop_clock, "command": result.command})
     return rows
 
 
@@ -567,6 +608,13 @@ def figure(part: str, table: pd.DataFrame, default_noise: float = 0.0,
         lines += [f"| {r.arm} | {r.kernels[:60]} | {r.e2eprof_us:.1f} | {r.do_bench_us:.1f} | {r.timer_us:.1f} | "
                   f"{r.vs_do_bench:+.1%} | {r.vs_timer:+.1%} |" for r in measured.itertuples()]
         lines.append(f"- shape: `{measured['shape'].iloc[0]}`")
+        if "in_loop_us" in measured:  # rows from before the isolated profile judged the loop's time itself
+            lines += ["", "The same op inside the training step (e2eprof's profile of the loop; not judged: the loop "
+                      "is another measurement, see part_agreement):", "",
+                      "| arm | in the loop us | isolated us | loop vs isolated | SM clock loop / isolated MHz |",
+                      "|---|---|---|---|---|"]
+            lines += [f"| {r.arm} | {r.in_loop_us:.1f} | {r.e2eprof_us:.1f} | {r.loop_vs_isolated:+.1%} | "
+                      f"{r.loop_sm_clock_mhz:.0f} / {r.isolated_sm_clock_mhz:.0f} |" for r in measured.itertuples()]
         return f"largest disagreement {worst:.1%}", worst <= 0.05, lines
     raise ValueError(part)
 

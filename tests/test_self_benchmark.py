@@ -7,6 +7,7 @@ The runs share one output folder in file order, as the device calls do: sensitiv
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import subprocess
 import sys
@@ -75,6 +76,20 @@ def test_profiled_forward_time_on_a_committed_h200_profile():
     assert sb.profiled_forward_us(ops, kernels, "sdpa", "train")[0] == 0  # nothing replaced in a stock arm
 
 
+def test_phase_sm_clock_reads_only_the_phase_window(tmp_path):
+    """The loop's SM clock in the agreement table: samples inside the phase, none from before or after it."""
+    sb = load_module()
+    ns = 1_000_000_000
+    pd.DataFrame({"workload": ["train", "train"], "phase": ["timing", "profile"],
+                  "start_unix_ns": [0, 10 * ns], "end_unix_ns": [10 * ns, 20 * ns]}).to_parquet(tmp_path / "phases.parquet")
+    clocks = [1980.0] * 10 + [1500.0, 1510.0, 1520.0] * 3 + [1980.0] * 10  # the profile phase ran at ~1510 MHz
+    times = [i * ns // 2 for i in range(10)] + [10 * ns + i * ns for i in range(9)] + [30 * ns + i * ns for i in range(10)]
+    pd.DataFrame({"unix_ns": times, "sm_clock_mhz": clocks}).to_parquet(tmp_path / "telemetry.parquet")
+    assert sb.phase_sm_clock(tmp_path, "train", "profile") == 1510.0
+    assert math.isnan(sb.phase_sm_clock(tmp_path, "infer", "profile"))  # no such phase
+    assert math.isnan(sb.phase_sm_clock(tmp_path / "missing", "train", "profile"))  # a run without telemetry
+
+
 def test_aa_runs_calibrate_and_records_each_run(out):
     run_part(out, "--part", "aa", "--runs", "1", *TINY)
     table, text = read(out, "aa")
@@ -125,7 +140,9 @@ def test_agreement_needs_cuda_and_says_so(out):
     run_part(out, "--part", "agreement", *TINY)
     table, text = read(out, "agreement")
     if torch.cuda.is_available():
-        assert set(table.status) == {"measured"} and {"e2eprof_us", "do_bench_us", "timer_us"} <= set(table.columns)
+        assert set(table.status) == {"measured"}
+        assert {"e2eprof_us", "do_bench_us", "timer_us", "in_loop_us", "loop_sm_clock_mhz"} <= set(table.columns)
+        assert (table.e2eprof_us > 0).all()  # the isolated profile found the op's kernels
     else:
         assert table.status.tolist() == ["skipped"] and "needs CUDA" in table.reason.iloc[0]
         assert "**not measured**" in text
