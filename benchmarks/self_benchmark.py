@@ -327,6 +327,11 @@ def part_cost(s: Settings) -> list[dict]:
     if result.error:
         return [{"phase": "compare", "workload": "*", "seconds": result.wall_s} | failed_row(result)]
     phases = pd.read_parquet(run_dir / "phases.parquet")
+    # Each process's first step, summed over workloads: the compile arm's holds its compilations.
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    cold = steps[(steps.phase == "cold") & (steps.replica.fillna(0) == 0 if "replica" in steps else True)]
+    cold = cold.assign(seconds=cold.wall_ns / 1e9)
+    cold_by_arm = ", ".join(f"{arm} {sec:.1f} s" for arm, sec in cold.groupby("arm", sort=False).seconds.sum().items())
     rows = [{"phase": r.phase, "workload": r.workload, "seconds": float(r.seconds)} for r in phases.itertuples()]
     # Interpreter start, imports, summary and Parquet writing: inside the process wall but in no recorded phase.
     rows.append({"phase": "unattributed (start-up, summary, writing)", "workload": "*",
@@ -337,7 +342,7 @@ def part_cost(s: Settings) -> list[dict]:
     rows.append({"phase": "report (e2eprof report)", "workload": "*", "seconds": time.perf_counter() - start,
                  "error": "" if report.returncode == 0 else report.stderr.strip()[-300:]})
     return [r | {"exit_code": result.exit_code, "compare_wall_s": result.wall_s, "command": result.command,
-                 "error": r.get("error", "")} for r in rows]
+                 "cold_by_arm": cold_by_arm, "error": r.get("error", "")} for r in rows]
 
 
 def profiled_forward_us(ops: pd.DataFrame, kernels: pd.DataFrame, arm: str, workload: str) -> tuple[float, set[str]]:
@@ -595,6 +600,8 @@ def figure(part: str, table: pd.DataFrame, default_noise: float = 0.0,
         by_phase = table.groupby("phase", sort=False).seconds.sum()
         lines = ["| phase | seconds | share |", "|---|---|---|"] + [
             f"| {p} | {v:.1f} | {v / total:.0%} |" for p, v in by_phase.items()]
+        if "cold_by_arm" in table and table.cold_by_arm.notna().any():
+            lines.append(f"- cold steps by arm (each arm's first process, every workload): {table.cold_by_arm.dropna().iloc[0]}")
         lines.append("- `e2eprof microbench` is a separate command, not part of compare: not counted here.")
         return (f"{total:.0f} s in all, timing {timing:.0f} s ({timing / total:.0%})",
                 total < 180 and timing >= total / 2, lines)
