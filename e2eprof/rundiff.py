@@ -5,7 +5,9 @@ across them: every interval here resamples run A and run B independently. Statis
 
 Per (workload, arm) present in both runs: median A, median B, the time ratio B/A (above 1: B is slower) with a
 bootstrap interval, a Mann-Whitney p-value Holm-adjusted over all those rows, and a status. Per workload: the
-kernel's speedup (baseline / patched median) in A and in B, and the interval of their difference.
+kernel's speedup (baseline / patched median) in A and in B, and the interval of their difference. Every interval is
+widened by the runs' process noise (stats.with_process_noise; a run from before the setting gets its device's
+default): A and B ran in other processes, and identical processes differ (H200: ~0.44% of a gpt2 step).
 
 Sweeps: when either run covers several (batch, seq, precision) points, rows are keyed by (point, workload, arm) and
 numbers of different points are never pooled. Runs whose grids share no point are not the same comparison; runs
@@ -36,6 +38,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from e2eprof import reports, stats
+from e2eprof.config import DeviceDefaults
 from e2eprof.errors import UsageError
 from e2eprof.distributed.ranks import slowest_rank_frame
 from e2eprof.sweep import OOM_METRIC, SweepPoint
@@ -135,6 +138,20 @@ class RunRecord:
         rows = self._rows(point, workload, arm)
         values = rows.wall_ns.to_numpy(dtype=float) if metric == "wall" else rows.device_ms.to_numpy(dtype=float)
         return rows.block.to_numpy()[np.isfinite(values)]
+
+    def processes(self, point: str, workload: str, arm: str) -> int:
+        """How many processes the arm's timed samples came from (replicas); runs from before replicas had one."""
+        rows = self._rows(point, workload, arm)
+        return max(int(rows.replica.nunique()), 1) if "replica" in rows else 1
+
+    @property
+    def process_noise(self) -> float:
+        """The spread between identical processes this run was judged with: its own setting, or its device's default
+        for a run from before the setting existed (the offsets were there all the same)."""
+        value = self.config.get("process_noise")
+        if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+            return float(value)
+        return DeviceDefaults.for_device(str(self.config.get("device") or "cpu")).process_noise
 
     def relabelled(self, label: str) -> RunRecord:
         """The same run with its one point renamed (two single-point runs are diffed row against row)."""
@@ -407,9 +424,24 @@ def _arm_row(a, b, config, point, workload, arm, in_a: bool, in_b: bool) -> dict
     else:
         # ratio_of_medians_ci divides median(baseline) by median(candidate): B first gives B/A, a time ratio.
         ci = stats.ratio_of_medians_ci(xb, xa, confidence=config.confidence, n_boot=config.n_boot, seed=config.seed)
+        # A and B are other processes: each one's own offset is a difference the bootstrap cannot see.
+        noise = cross_run_noise(a.process_noise, a.processes(point, workload, arm),
+                                b.process_noise, b.processes(point, workload, arm))
+        ci = stats.with_process_noise(ci, noise)
         row.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high, mde=stats.minimum_detectable_effect(ci),
-                   p=stats.mann_whitney(xb, xa).p_two_sided)
+                   p=stats.mann_whitney(xb, xa).p_two_sided, process_noise=noise)
     return row
+
+
+def cross_run_noise(noise_a: float, processes_a: int, noise_b: float, processes_b: int) -> float:
+    """Process noise of one arm's B/A time ratio across two runs.
+
+    A run's process_noise is defined for one process against one (stats.replicated_process_noise): one process's
+    offset has spread noise / sqrt(2), and an arm's location pools its processes. So Var(log B/A) =
+    noise_a^2 / (2 n_a) + noise_b^2 / (2 n_b), which is stats.replicated_process_noise when both runs agree.
+    Differences between days or cards come on top and are not in it: the environment flags name them.
+    """
+    return math.sqrt((noise_a ** 2 / processes_a + noise_b ** 2 / processes_b) / 2)
 
 
 def _holm_into(rows: list[dict]) -> None:
@@ -447,7 +479,15 @@ def speedup_rows(a: RunRecord, b: RunRecord, config: DiffConfig) -> list[dict]:
         low, high = np.quantile(diff, [config.alpha / 2, 1 - config.alpha / 2])
         # Two-sided bootstrap p: the share of replicates on the far side of 0, with +1 so it is never exactly 0.
         p = min(1.0, 2 * (min(np.sum(diff <= 0), np.sum(diff >= 0)) + 1) / (config.n_boot + 1))
+        # Each run's speedup carries its own process noise, as `compare` reports it; the difference carries both,
+        # added in quadrature to each side of the bootstrap interval (absolute speedup units: ratio x noise).
+        noise = {run.label: stats.replicated_process_noise(run.process_noise, run.processes(point, workload, "baseline"),
+                                                           run.processes(point, workload, "patched")) for run in (a, b)}
+        per_run = {label: stats.with_process_noise(ci, noise[label]) for label, ci in per_run.items()}
         sa, sb = per_run["A"], per_run["B"]
+        spread = stats.process_noise_half_width(math.hypot(sa.ratio * noise["A"], sb.ratio * noise["B"]), config.confidence)
+        point_diff = sb.ratio - sa.ratio
+        low, high = point_diff - math.hypot(point_diff - low, spread), point_diff + math.hypot(high - point_diff, spread)
         rows.append({"kind": "speedup", "point": point, "workload": workload, "arm": "patched",
                      "speedup_a": sa.ratio, "speedup_a_low": sa.low, "speedup_a_high": sa.high,
                      "speedup_b": sb.ratio, "speedup_b_low": sb.low, "speedup_b_high": sb.high,
@@ -577,10 +617,12 @@ def outcome(result: RunDiff) -> str:
 def _method_line(result: RunDiff) -> str:
     c = result.config
     n_tests = int(result.rows.p_adjusted.notna().sum()) if len(result.rows) else 0
+    noise = ", ".join(dict.fromkeys(f"{run.process_noise:.2%}" for run in (result.run_a, result.run_b)))
     return (f"metric: {METRICS[c.metric]} (ms). B/A above 1: B slower. {c.confidence:.0%} bootstrap intervals, the two "
-            f"runs resampled independently; Mann-Whitney (arms) and bootstrap (speedups) p-values Holm-adjusted per "
-            f"table ({n_tests} tests); speedup = baseline / patched median, the interval within a run as `compare` "
-            f"computes it.")
+            f"runs resampled independently and widened by their process noise ({noise} for one process against "
+            f"one: A and B ran in other processes); Mann-Whitney (arms) and bootstrap (speedups) p-values "
+            f"Holm-adjusted per table ({n_tests} tests); speedup = baseline / patched median, the interval within a "
+            f"run as `compare` computes it.")
 
 
 def to_markdown(result: RunDiff) -> str:

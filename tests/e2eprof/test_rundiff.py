@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from e2eprof import reports
+from e2eprof import reports, rundiff, stats
+from e2eprof.config import DeviceDefaults
 from e2eprof.errors import UsageError
 from e2eprof.rundiff import (
     BELOW_MARGIN,
@@ -142,8 +143,10 @@ def test_five_percent_faster_in_b_is_faster_and_exit_0(tmp_path):
 
 def test_significant_change_under_the_margin_is_below_margin(tmp_path):
     # 0.5% slower with 0.1% noise: certain, but inside --min-change 0.01; with a zero margin it counts.
-    a = write_run(tmp_path / "a", seed=1, cv=0.001)
-    b = write_run(tmp_path / "b", seed=2, cv=0.001, scale={("train", "baseline"): 1.005})
+    # Runs made with --process-noise 0: nothing but the steps' own spread (the next test has the default).
+    quiet = {"process_noise": 0.0}
+    a = write_run(tmp_path / "a", seed=1, cv=0.001, config=quiet)
+    b = write_run(tmp_path / "b", seed=2, cv=0.001, scale={("train", "baseline"): 1.005}, config=quiet)
     result = run_diff(tmp_path, a, b)
     row = rows_by_key(result, "arm")[("train", "baseline")]
     assert row.status == BELOW_MARGIN and row.ci_low > 1.0
@@ -151,6 +154,40 @@ def test_significant_change_under_the_margin_is_below_margin(tmp_path):
     strict = diff_runs(DiffConfig(a, b, out=tmp_path / "strict", min_change=0.0))
     assert rows_by_key(strict, "arm")[("train", "baseline")].status == SLOWER
     assert strict.exit_code == 1
+
+
+def test_process_offsets_between_runs_are_not_changes(tmp_path):
+    """Two runs are other processes: a shift within their process noise is not a change, one beyond it still is."""
+    # 0.5% slower with 0.1% step noise: certain within the steps, but two GPU processes (0.44% apart, the H200's
+    # A/A spread) differ that much with no change at all; a run from before process noise gets its device default.
+    a = write_run(tmp_path / "a", seed=1, cv=0.001)
+    b = write_run(tmp_path / "b", seed=2, cv=0.001, scale={("train", "baseline"): 1.005, ("infer", "baseline"): 1.03})
+    result = diff_runs(DiffConfig(a, b, out=tmp_path / "diff", min_change=0.0))
+    arms = rows_by_key(result, "arm")
+    small, large = arms[("train", "baseline")], arms[("infer", "baseline")]
+    assert small.process_noise == pytest.approx(DeviceDefaults.for_device("cuda").process_noise)
+    assert small.status == NO_SIGNIFICANT_DIFFERENCE and small.ci_low < 1 < small.ci_high
+    assert large.status == SLOWER and large.ci_low > 1.015
+    # The kernel's train speedup moved by ~0.5 points in B: inside both runs' process noise, so no change either.
+    assert rows_by_key(result, "speedup")[("train", "patched")].status == NO_SIGNIFICANT_DIFFERENCE
+
+
+def test_cross_run_noise_pools_replicas():
+    """One process per arm in each run gives the run's own figure; replicas divide each run's share."""
+    assert rundiff.cross_run_noise(0.0044, 1, 0.0044, 1) == pytest.approx(0.0044)
+    assert rundiff.cross_run_noise(0.0044, 2, 0.0044, 2) == pytest.approx(stats.replicated_process_noise(0.0044, 2, 2))
+    assert rundiff.cross_run_noise(0.0, 1, 0.0, 1) == 0.0
+    assert rundiff.cross_run_noise(0.0044, 2, 0.0, 1) == pytest.approx(0.0044 / 2)
+
+
+def test_replicas_counted_per_arm(tmp_path):
+    a = write_run(tmp_path / "a", seed=1)
+    steps = reports.read_table(a, "steps")
+    replica = (steps.arm == "baseline") & (steps.step % 2 == 1)  # half the baseline's steps from a second process
+    reports.write_table(a, "steps", steps.assign(replica=np.where(replica, 1, 0)))
+    run = rundiff.load_run(a, "A")
+    point = run.points[0]
+    assert run.processes(point, "train", "baseline") == 2 and run.processes(point, "train", "patched") == 1
 
 
 def test_device_metric_reads_device_time(tmp_path):
@@ -281,24 +318,31 @@ def h200(tmp_path_factory):
 
 
 def test_h200_speedups_match_each_runs_own_summary(h200):
+    """Each run's speedup and interval as its summary gave them, widened by the process noise: these runs are from
+    before e2eprof folded it in, so they get the H200 default (one process per arm)."""
     speedups = rows_by_key(h200, "speedup")
     assert set(speedups) == {(w, "patched") for w in ("train", "infer", "generate")}
+    noise = DeviceDefaults.for_device("cuda").process_noise
     for run, side in ((H200_FIRST, "a"), (H200_PROFILED, "b")):
         summary = pd.read_parquet(run / "summary.parquet").set_index(["workload", "arm"])
+        assert "process_noise" not in summary  # the premise: nothing was folded in when these ran
         for key, row in speedups.items():
             own = summary.loc[key]
+            widened = stats.with_process_noise(stats.RatioCI(own.speedup_vs_baseline, own.ci_low, own.ci_high, 0.95,
+                                                             0, "stored"), noise)
             assert getattr(row, f"speedup_{side}") == pytest.approx(own.speedup_vs_baseline, rel=1e-12)
-            assert getattr(row, f"speedup_{side}_low") == pytest.approx(own.ci_low, rel=1e-12)
-            assert getattr(row, f"speedup_{side}_high") == pytest.approx(own.ci_high, rel=1e-12)
+            assert getattr(row, f"speedup_{side}_low") == pytest.approx(widened.low, rel=1e-12)
+            assert getattr(row, f"speedup_{side}_high") == pytest.approx(widened.high, rel=1e-12)
 
 
 def test_h200_train_speedup_grew_by_a_point(h200):
     train = rows_by_key(h200, "speedup")[("train", "patched")]
     assert round(train.speedup_a, 3) == 1.040 and round(train.speedup_b, 3) == 1.052
-    # The two runs' own intervals ([1.033, 1.045] and [1.046, 1.054]) do not overlap: the gain is real, but its
-    # interval reaches below the 0.01 margin, so it is not a change to act on.
-    assert 0 < train.diff_low < 0.012 < train.diff_high
-    assert train.status == BELOW_MARGIN
+    # The two runs' within-run intervals ([1.033, 1.045] and [1.046, 1.054]) do not overlap, but each is one process
+    # per arm on its own card: two such processes differ by ~0.44% with no change at all, so 1.2 points is not
+    # told apart from that (it was BELOW_MARGIN before the process noise was folded in).
+    assert train.diff_low < 0 < 0.012 < train.diff_high
+    assert train.status == NO_SIGNIFICANT_DIFFERENCE
     # generate's speedup is far too noisy (0.78x [0.71, 0.91]) to tell 0.78 from 0.83.
     assert rows_by_key(h200, "speedup")[("generate", "patched")].status == NO_SIGNIFICANT_DIFFERENCE
 
