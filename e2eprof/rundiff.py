@@ -487,7 +487,8 @@ def speedup_rows(a: RunRecord, b: RunRecord, config: DiffConfig) -> list[dict]:
         sa, sb = per_run["A"], per_run["B"]
         spread = stats.process_noise_half_width(math.hypot(sa.ratio * noise["A"], sb.ratio * noise["B"]), config.confidence)
         point_diff = sb.ratio - sa.ratio
-        low, high = point_diff - math.hypot(point_diff - low, spread), point_diff + math.hypot(high - point_diff, spread)
+        low = point_diff - math.hypot(max(point_diff - low, 0.0), spread)
+        high = point_diff + math.hypot(max(high - point_diff, 0.0), spread)
         rows.append({"kind": "speedup", "point": point, "workload": workload, "arm": "patched",
                      "speedup_a": sa.ratio, "speedup_a_low": sa.low, "speedup_a_high": sa.high,
                      "speedup_b": sb.ratio, "speedup_b_low": sb.low, "speedup_b_high": sb.high,
