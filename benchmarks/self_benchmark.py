@@ -325,21 +325,22 @@ def part_cost(s: Settings) -> list[dict]:
     result = run_e2eprof(["compare", "--model", s.model, "--patch", "fastsoftmax", *workload, *s.passthrough(),
                           *budget], run_dir, fresh_process=True)
     if result.error:
-        return [{"phase": "compare", "workload": "*", "seconds": result.wall_s} | failed_row(result)]
+        return [{"phase": "compare", "phase_workload": "*", "seconds": result.wall_s} | failed_row(result)]
     phases = pd.read_parquet(run_dir / "phases.parquet")
     # Each process's first step, summed over workloads: the compile arm's holds its compilations.
     steps = pd.read_parquet(run_dir / "steps.parquet")
     cold = steps[(steps.phase == "cold") & (steps.replica.fillna(0) == 0 if "replica" in steps else True)]
     cold = cold.assign(seconds=cold.wall_ns / 1e9)
     cold_by_arm = ", ".join(f"{arm} {sec:.1f} s" for arm, sec in cold.groupby("arm", sort=False).seconds.sum().items())
-    rows = [{"phase": r.phase, "workload": r.workload, "seconds": float(r.seconds)} for r in phases.itertuples()]
+    # phase_workload, not workload: write() stamps every row with the part's own workload ("all").
+    rows = [{"phase": r.phase, "phase_workload": r.workload, "seconds": float(r.seconds)} for r in phases.itertuples()]
     # Interpreter start, imports, summary and Parquet writing: inside the process wall but in no recorded phase.
-    rows.append({"phase": "unattributed (start-up, summary, writing)", "workload": "*",
+    rows.append({"phase": "unattributed (start-up, summary, writing)", "phase_workload": "*",
                  "seconds": result.wall_s - float(phases.seconds.sum())})
     start = time.perf_counter()
     report = subprocess.run([sys.executable, "-m", "e2eprof", "report", str(run_dir)], capture_output=True, text=True,
                             check=False)
-    rows.append({"phase": "report (e2eprof report)", "workload": "*", "seconds": time.perf_counter() - start,
+    rows.append({"phase": "report (e2eprof report)", "phase_workload": "*", "seconds": time.perf_counter() - start,
                  "error": "" if report.returncode == 0 else report.stderr.strip()[-300:]})
     return [r | {"exit_code": result.exit_code, "compare_wall_s": result.wall_s, "command": result.command,
                  "cold_by_arm": cold_by_arm, "error": r.get("error", "")} for r in rows]
@@ -600,6 +601,9 @@ def figure(part: str, table: pd.DataFrame, default_noise: float = 0.0,
         by_phase = table.groupby("phase", sort=False).seconds.sum()
         lines = ["| phase | seconds | share |", "|---|---|---|"] + [
             f"| {p} | {v:.1f} | {v / total:.0%} |" for p, v in by_phase.items()]
+        if "phase_workload" in table:
+            per_workload = table[table.phase_workload.fillna("*") != "*"].groupby("phase_workload", sort=False).seconds.sum()
+            lines.append("- by workload (cold step to profile): " + ", ".join(f"{w} {v:.1f} s" for w, v in per_workload.items()))
         if "cold_by_arm" in table and table.cold_by_arm.notna().any():
             lines.append(f"- cold steps by arm (each arm's first process, every workload): {table.cold_by_arm.dropna().iloc[0]}")
         lines.append("- `e2eprof microbench` is a separate command, not part of compare: not counted here.")

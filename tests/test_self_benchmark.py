@@ -134,6 +134,7 @@ def test_cost_splits_the_compare_into_its_phases(out):
     # Phases plus the unattributed rest add up to the process's wall time.
     assert compare_phases.seconds.sum() == pytest.approx(table.compare_wall_s.iloc[0])
     assert "s in all, timing" in text
+    assert set(table.phase_workload) == {"*", "train"} and "by workload (cold step to profile): train" in text
     assert "cold steps by arm" in text and {"baseline", "patched"} <= {
         part.split()[0] for part in table.cold_by_arm.iloc[0].split(", ")}
 
