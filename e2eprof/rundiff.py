@@ -141,8 +141,7 @@ class RunRecord:
 
     def processes(self, point: str, workload: str, arm: str) -> int:
         """How many processes the arm's timed samples came from (replicas); runs from before replicas had one."""
-        rows = self._rows(point, workload, arm)
-        return max(int(rows.replica.nunique()), 1) if "replica" in rows else 1
+        return stats.count_processes(self._rows(point, workload, arm).get("replica"))
 
     @property
     def process_noise(self) -> float:

@@ -648,7 +648,7 @@ def _stop_reason(config, state, workload: str, blocks: int, elapsed: float) -> s
                                        candidate_blocks=[b for _, b in cand], confidence=config.confidence,
                                        n_boot=1000, seed=config.seed)
         noise = stats.replicated_process_noise(config.process_noise, *(
-            len({s.get("replica", 0) for s in warm if s["arm"] == arm}) for arm in ("baseline", candidate)))
+            stats.count_processes(s.get("replica") for s in warm if s["arm"] == arm) for arm in ("baseline", candidate)))
         if stats.ci_halfwidth_rel(stats.with_process_noise(ci, noise)) <= config.target_half_width:
             return "target interval reached"
         # Precision, not the result, again: the within-run part of an interval narrows about as 1/sqrt(time) while

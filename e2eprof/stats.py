@@ -301,6 +301,22 @@ def replicated_process_noise(process_noise: float, baseline_processes: int = 1, 
     return process_noise * math.sqrt((1 / baseline_processes + 1 / candidate_processes) / 2)
 
 
+def count_processes(replicas) -> int:
+    """How many identical processes timed an arm: the distinct replica ids of its samples (a step's `replica`).
+    Samples without one, from runs made before replicas, came from a single process."""
+    if replicas is None:
+        return 1
+    ids = set()
+    for replica in replicas:
+        try:
+            value = float(replica)
+        except TypeError:  # None or pandas' NA: a step without an id
+            continue
+        if not math.isnan(value):
+            ids.add(int(value))
+    return max(len(ids), 1)
+
+
 def process_noise_half_width(process_noise: float, confidence: float = 0.95) -> float:
     """The relative half-width process noise alone gives an interval: the narrowest any run with these processes
     per arm can reach, however long it times (pass replicated_process_noise for more than one per arm)."""

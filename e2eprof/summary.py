@@ -75,8 +75,7 @@ class _Workload:
 
     def processes(self, arm: str) -> int:
         """How many identical processes (replicas) timed this arm's warm steps."""
-        samples = self.samples[arm]
-        return int(samples.replica.nunique()) if "replica" in samples and samples.replica.notna().any() else 1
+        return stats.count_processes(self.samples[arm].get("replica"))
 
     def mann_whitney_p(self, arm: str) -> float:
         if arm == "baseline" or "baseline" not in self.samples or arm not in self.samples:

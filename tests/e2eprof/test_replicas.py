@@ -6,6 +6,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -36,6 +37,15 @@ def test_each_arms_processes_average_their_offsets():
     assert stats.replicated_process_noise(0.0044, 1, 2) == pytest.approx(0.0044 * math.sqrt(0.75))
     with pytest.raises(ValueError):
         stats.replicated_process_noise(0.0044, 0, 2)
+
+
+def test_processes_are_counted_from_the_steps_replica_ids():
+    """The one count the stop rule, the summary and `diff` share: distinct replica ids; none at all is one process."""
+    assert stats.count_processes(pd.Series([0, 1, 0, 1])) == 2
+    assert stats.count_processes(s["replica"] for s in [{"replica": 0}, {"replica": 2}, {"replica": 2}]) == 2
+    assert stats.count_processes(pd.Series([0, None, 1], dtype="Int64")) == 2  # a missing id is not a process
+    assert stats.count_processes(None) == stats.count_processes([]) == 1  # a run from before replicas
+    assert stats.count_processes(pd.Series([np.nan, np.nan])) == 1
 
 
 def test_defaults_by_device_and_bad_values():
