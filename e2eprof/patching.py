@@ -31,6 +31,7 @@ import torch
 from e2eprof.errors import PatchError
 from e2eprof.patch import Patch
 from e2eprof.tensorcheck import Agreement, compare_to_reference, same_special_values
+from e2eprof.unseen_shapes import neighbours
 
 
 class ModuleProxy(types.ModuleType):
@@ -113,6 +114,7 @@ CALL_CHECK_METRICS = {
     "nondeterministic": "a second call on copies of the inputs (new address, same contents) not bit-identical",
     "stale_output": "the same tensors refilled with new contents give an output that does not follow them (caching)",
     "threads_leaked": "Python threads started by the call still running when it returns (work off the clock)",
+    "unseen_shape": "wrong results, or a raise, on neighbouring shapes the model did not use (e2eprof.unseen_shapes)",
 }
 
 
@@ -242,6 +244,10 @@ def call_check_rows(workload: str, arm: str, checks: list[dict]) -> list[dict]:
         failed = [(c["signature"], *c.get("findings", {})[metric]) for c in checks if metric in c.get("findings", {})]
         count = sum(n for _, n, _ in failed)
         detail = f"{failed[0][0]}: {failed[0][2]}" if failed else f"{calls} calls checked: no {guards}"
+        if metric == "unseen_shape" and not failed:  # say what was tried: a stock op that rejects every
+            tried = sum(c.get("unseen_shapes", 0) for c in checks)  # neighbour leaves nothing checked
+            detail = (f"{tried} neighbouring shapes of {len(checks)} call signatures checked: none wrong" if tried else
+                      "no neighbouring shape checked: the stock op took none (arguments tied to the model's shape)")
         rows.append({"workload": workload, "arm": arm, "tensor": failed[0][0] if failed else "-", "metric": metric,
                      "value": float(count), "tolerance": 0.0, "passed": not failed, "detail": detail})
     return rows
@@ -263,6 +269,7 @@ class OpCheck:
     tolerance: float = 0.0
     problems: list[str] = field(default_factory=list)
     findings: dict[str, list] = field(default_factory=dict)
+    unseen_shapes: int = 0  # neighbouring shapes checked (the stock op took them), wrong or not
 
     def add_finding(self, metric: str, detail: str) -> None:
         entry = self.findings.setdefault(metric, [0, detail])
@@ -328,6 +335,8 @@ class CallRecorder:
             self._check_repeatable(check, args, kwargs, out, before)
             self._check_fresh_contents(check, args, kwargs, inputs, [b if i not in mutated else None
                                                                       for i, b in enumerate(before)])
+            if check.calls == 1:  # once per signature: the neighbours of a shape do not change from call to call
+                self._check_unseen_shapes(check, args, kwargs)
         if any(metric in findings for metric in UNUSABLE):
             # The model's next op would raise on this output (another device, another shape), and the arm would
             # then fail as a crash, losing the precise finding just recorded. Hand the model the stock output
@@ -416,6 +425,33 @@ class CallRecorder:
         finally:
             for i in floating:
                 inputs[i].data.copy_(saved[i])
+
+    def _check_unseen_shapes(self, check: OpCheck, args: tuple, kwargs: dict) -> None:
+        """The same call on neighbouring shapes the model never used (e2eprof.unseen_shapes), each judged against
+        the stock op and the fp64 reference like the model's own call. A kernel right only on the benchmark's
+        shapes fails here; a neighbour the stock op rejects is not owed an answer and is skipped."""
+        module = args[0] if self.skip else None
+        row_length_free = module is None or not any(True for _ in module.parameters())
+        for shape, new_args, new_kwargs, fresh in neighbours(args, kwargs, self.skip, row_length_free):
+            try:
+                stock, reference = self._expected(new_args, new_kwargs)
+            except Exception:  # noqa: BLE001 - the stock op does not take this shape
+                continue
+            check.unseen_shapes += 1
+            where = f"shape {list(shape)}"
+            _poison_allocator(fresh)
+            try:
+                with _unwritten_is_nan(fresh):
+                    out = self.target(*new_args, **new_kwargs)
+            except Exception as exc:  # noqa: BLE001 - a kernel that raises where the stock op works is wrong there
+                check.add_finding("unseen_shape", f"{where}: raised {type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+                                                  " where the stock op works")
+                continue
+            problems = [f"{metric}: {detail}" for metric, detail in _layout_findings(out, stock).items()]
+            if not problems:  # values only where the layout matches (a shape mismatch cannot be compared)
+                problems = self._agreement(out, stock, reference).problems
+            if problems:
+                check.add_finding("unseen_shape", f"{where}: {'; '.join(problems)}"[:300])
 
     def _compare(self, check: OpCheck, out, stock, reference) -> None:
         result = self._agreement(out, stock, reference)

@@ -61,6 +61,7 @@ GALLERY = [
     Rogue("mutates_input.py", "input_mutated", True),
     Rogue("nondeterministic.py", "nondeterministic", True),
     Rogue("background_thread.py", "threads_leaked", True),
+    Rogue("seen_shapes_only.py", "unseen_shape", True),
     # Caught outside the per-call checks (counters, timed steps, after timing): see the tests below.
     Rogue("calls_stock.py", "custom_kernel_calls", True),
     Rogue("thread_pool.py", "step_threads_leaked", True),

@@ -1,0 +1,68 @@
+"""Inputs of shapes the model never used, for the verified call's unseen-shape check (GUIDE section 3, trick 11).
+
+A kernel can be right only on the shapes its benchmark feeds it: a block size that assumes the row length, a
+tail it never masks, a grid that covers exactly the benchmark's rows. The model's own calls cannot show that, since
+they are the benchmark's shapes. So the first call of each signature is also run on a few neighbours of its shape,
+same rank, each against the stock op and the fp64 reference: odd rows, an odd row length (an unmasked tail) and
+twice the row length (a block sized for the seen one). The neighbours are small (the leading dimensions shrink to
+one, the rows to a few), so the check costs little next to the model's own call.
+
+Only floating tensors shaped like the first tensor argument are resized; every other argument stays. Where the stock
+op rejects a neighbour (other arguments tied to the shape, a module whose weights fix the row length), that shape is
+not one the kernel owes an answer for, and it is skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+# Rows of every neighbour: a few, odd, so a grid sized for the model's row count has a partial last program.
+NEIGHBOUR_ROWS = 3
+
+
+def neighbour_shapes(shape: tuple[int, ...], row_length_free: bool) -> list[tuple[int, ...]]:
+    """Shapes of the same rank next to SHAPE, smallest first; none for a scalar.
+
+    row_length_free: whether the last dimension may change (False for a module whose weights fix it).
+    """
+    if len(shape) == 0:
+        return []
+    length = shape[-1]
+    lead = (1,) * max(len(shape) - 2, 0) + ((NEIGHBOUR_ROWS,) if len(shape) >= 2 else ())
+    shapes = [(*lead, length)]
+    if row_length_free:
+        odd = length + 1 if length % 2 == 0 else length + 2
+        shapes += [(*lead, odd), (*lead, 2 * length)]
+    return [s for s in dict.fromkeys(shapes) if s != tuple(shape)]
+
+
+def resized_arguments(args: tuple, kwargs: dict, skip: int, shape: tuple[int, ...],
+                      generator: torch.Generator) -> tuple[tuple, dict, list[torch.Tensor]]:
+    """(args, kwargs, the new tensors): every floating tensor shaped like the first tensor argument replaced by fresh
+    random values of SHAPE (same dtype, device and requires_grad); args[:skip] (a bound module) are kept."""
+    tensors = [a for a in (*args[skip:], *kwargs.values()) if isinstance(a, torch.Tensor)]
+    primary = tensors[0].shape
+    made: list[torch.Tensor] = []
+
+    def resize(value):
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.shape == primary):
+            return value
+        fresh = torch.randn(shape, generator=generator, dtype=torch.float32).to(device=value.device, dtype=value.dtype)
+        made.append(fresh)
+        return fresh
+
+    return (*args[:skip], *(resize(a) for a in args[skip:])), {k: resize(v) for k, v in kwargs.items()}, made
+
+
+def neighbours(args: tuple, kwargs: dict, skip: int, row_length_free: bool,
+               seed: int = 0) -> Iterator[tuple[tuple[int, ...], tuple, dict, list[torch.Tensor]]]:
+    """(shape, args, kwargs, new tensors) per neighbour of the call's first tensor argument; nothing when that
+    argument is not a floating tensor (the check is about values a kernel computes)."""
+    tensors = [a for a in (*args[skip:], *kwargs.values()) if isinstance(a, torch.Tensor)]
+    if not tensors or not tensors[0].is_floating_point():
+        return
+    generator = torch.Generator().manual_seed(seed)  # CPU draws, then moved: the same values on any device
+    for shape in neighbour_shapes(tuple(tensors[0].shape), row_length_free):
+        yield (shape, *resized_arguments(args, kwargs, skip, shape, generator))

@@ -1,0 +1,44 @@
+"""The neighbouring shapes of the unseen-shape check (e2eprof.unseen_shapes); the check itself is exercised on the
+rogue that is right only on power-of-two rows (tests/e2eprof/test_rogues.py, seen_shapes_only.py)."""
+
+import pytest
+import torch
+
+from e2eprof.unseen_shapes import neighbour_shapes, neighbours, resized_arguments
+
+
+def test_neighbours_keep_the_rank_and_shrink_the_leading_dimensions():
+    # GPT-2's attention scores: odd rows at the same length, an odd length (a tail), a doubled length (a block).
+    assert neighbour_shapes((8, 12, 1024, 1024), True) == [(1, 1, 3, 1024), (1, 1, 3, 1025), (1, 1, 3, 2048)]
+    assert neighbour_shapes((2, 7), True) == [(3, 7), (3, 9), (3, 14)]  # an odd length gets the next odd one
+    assert neighbour_shapes((5,), True) == [(7,), (10,)]  # a vector: only its length can change
+    assert neighbour_shapes((), True) == []
+
+
+def test_weights_that_fix_the_row_length_leave_only_the_rows():
+    assert neighbour_shapes((16, 768), False) == [(3, 768)]
+    assert neighbour_shapes((3, 768), False) == []  # already the neighbour: nothing new to try
+
+
+def test_only_floating_tensors_shaped_like_the_first_are_resized():
+    x, same, mask = torch.randn(4, 8), torch.randn(4, 8), torch.ones(4, 8, dtype=torch.bool)
+    other, module = torch.randn(8), torch.nn.Linear(8, 8)
+    args, kwargs, made = resized_arguments((module, x, other), {"y": same, "mask": mask, "dim": -1}, 1, (3, 9),
+                                           torch.Generator().manual_seed(0))
+    assert args[0] is module and args[2] is other  # the bound module and the other-shaped tensor stay
+    assert args[1].shape == kwargs["y"].shape == (3, 9) and kwargs["mask"] is mask and kwargs["dim"] == -1
+    assert len(made) == 2 and all(t.dtype == torch.float32 for t in made)
+    assert not torch.equal(args[1], kwargs["y"])  # fresh values for each, not one tensor twice
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_neighbours_draw_the_same_values_every_time_in_the_calls_dtype(dtype):
+    x = torch.randn(2, 4, dtype=dtype)
+    first = [(s, a[0]) for s, a, _, _ in neighbours((x,), {}, 0, True)]
+    again = [(s, a[0]) for s, a, _, _ in neighbours((x,), {}, 0, True)]
+    assert [s for s, _ in first] == [(3, 4), (3, 5), (3, 8)]
+    assert all(t.dtype == dtype and torch.equal(t, u) for (_, t), (_, u) in zip(first, again))
+
+
+def test_no_neighbours_for_integer_inputs():
+    assert list(neighbours((torch.arange(6),), {}, 0, True)) == []
