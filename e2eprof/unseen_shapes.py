@@ -3,9 +3,10 @@
 A kernel can be right only on the shapes its benchmark feeds it: a block size that assumes the row length, a
 tail it never masks, a grid that covers exactly the benchmark's rows. The model's own calls cannot show that, since
 they are the benchmark's shapes. So the first call of each signature is also run on a few neighbours of its shape,
-same rank, each against the stock op and the fp64 reference: odd rows, an odd row length (an unmasked tail) and
-twice the row length (a block sized for the seen one). The neighbours are small (the leading dimensions shrink to
-one, the rows to a few), so the check costs little next to the model's own call.
+same rank, each against the stock op and the fp64 reference: a few odd rows, an odd row length (an unmasked tail)
+and twice the row length (a block sized for the seen one). The dimensions before the rows (batch, heads) stay as the
+model had them, so a kernel that reads them from its module still sees consistent shapes; with a few rows (the
+sequence, in a transformer) the neighbours are small, and the check costs little next to the model's own call.
 
 Only floating tensors shaped like the first tensor argument are resized; every other argument stays. Where the stock
 op rejects a neighbour (other arguments tied to the shape, a module whose weights fix the row length), that shape is
@@ -18,7 +19,8 @@ from collections.abc import Iterator
 
 import torch
 
-# Rows of every neighbour: a few, odd, so a grid sized for the model's row count has a partial last program.
+# Rows (the second-to-last dimension) of every neighbour: a few, odd, so a grid sized for the model's row count has
+# a partial last program.
 NEIGHBOUR_ROWS = 3
 
 
@@ -30,7 +32,7 @@ def neighbour_shapes(shape: tuple[int, ...], row_length_free: bool) -> list[tupl
     if len(shape) == 0:
         return []
     length = shape[-1]
-    lead = (1,) * max(len(shape) - 2, 0) + ((NEIGHBOUR_ROWS,) if len(shape) >= 2 else ())
+    lead = (*shape[:-2], NEIGHBOUR_ROWS) if len(shape) >= 2 else ()
     shapes = [(*lead, length)]
     if row_length_free:
         odd = length + 1 if length % 2 == 0 else length + 2

@@ -7,9 +7,9 @@ import torch
 from e2eprof.unseen_shapes import neighbour_shapes, neighbours, resized_arguments
 
 
-def test_neighbours_keep_the_rank_and_shrink_the_leading_dimensions():
+def test_neighbours_keep_the_rank_batch_and_heads_and_change_rows_and_row_length():
     # GPT-2's attention scores: odd rows at the same length, an odd length (a tail), a doubled length (a block).
-    assert neighbour_shapes((8, 12, 1024, 1024), True) == [(1, 1, 3, 1024), (1, 1, 3, 1025), (1, 1, 3, 2048)]
+    assert neighbour_shapes((8, 12, 1024, 1024), True) == [(8, 12, 3, 1024), (8, 12, 3, 1025), (8, 12, 3, 2048)]
     assert neighbour_shapes((2, 7), True) == [(3, 7), (3, 9), (3, 14)]  # an odd length gets the next odd one
     assert neighbour_shapes((5,), True) == [(7,), (10,)]  # a vector: only its length can change
     assert neighbour_shapes((), True) == []
