@@ -8,9 +8,10 @@ and twice the row length (a block sized for the seen one). The dimensions before
 model had them, so a kernel that reads them from its module still sees consistent shapes; with a few rows (the
 sequence, in a transformer) the neighbours are small, and the check costs little next to the model's own call.
 
-Only floating tensors shaped like the first tensor argument are resized; every other argument stays. Where the stock
-op rejects a neighbour (other arguments tied to the shape, a module whose weights fix the row length), that shape is
-not one the kernel owes an answer for, and it is skipped.
+Floating tensors shaped like the first tensor argument get fresh values; other tensors that share a shrinking size
+(an attention mask over the rows) are cut to it, so their values keep their meaning; the rest stay. Where the stock
+op rejects a neighbour (arguments tied to the shape in other ways, a module whose weights fix the row length), that
+shape is not one the kernel owes an answer for, and it is skipped.
 """
 
 from __future__ import annotations
@@ -41,21 +42,42 @@ def neighbour_shapes(shape: tuple[int, ...], row_length_free: bool) -> list[tupl
 
 
 def resized_arguments(args: tuple, kwargs: dict, skip: int, shape: tuple[int, ...],
-                      generator: torch.Generator) -> tuple[tuple, dict, list[torch.Tensor]]:
-    """(args, kwargs, the new tensors): every floating tensor shaped like the first tensor argument replaced by fresh
-    random values of SHAPE (same dtype, device and requires_grad); args[:skip] (a bound module) are kept."""
+                      generator: torch.Generator) -> tuple[tuple, dict, list[torch.Tensor]] | None:
+    """(args, kwargs, the new tensors) for a neighbour of SHAPE; None when the other arguments cannot follow it.
+
+    Every floating tensor shaped like the first tensor argument gets fresh random values of SHAPE (same dtype,
+    device). Any other tensor whose dimensions the neighbour shrinks (an attention mask over the rows) is cut to the
+    new sizes: its values keep their meaning (the corner of a causal mask is causal), where random values would not.
+    A tensor that would have to grow, or a size that both changes and stays in the first argument (rows as long as
+    the row length), makes the neighbour unusable. args[:skip] (a bound module) are kept.
+    """
     tensors = [a for a in (*args[skip:], *kwargs.values()) if isinstance(a, torch.Tensor)]
-    primary = tensors[0].shape
+    primary = tuple(tensors[0].shape)
+    changed = {old: new for old, new in zip(primary, shape) if old != new}
+    kept = {old for old, new in zip(primary, shape) if old == new}
     made: list[torch.Tensor] = []
 
     def resize(value):
-        if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.shape == primary):
+        if not isinstance(value, torch.Tensor):
             return value
-        fresh = torch.randn(shape, generator=generator, dtype=torch.float32).to(device=value.device, dtype=value.dtype)
-        made.append(fresh)
-        return fresh
+        if value.is_floating_point() and tuple(value.shape) == primary:
+            fresh = torch.randn(shape, generator=generator, dtype=torch.float32).to(device=value.device, dtype=value.dtype)
+            made.append(fresh)
+            return fresh
+        if not changed.keys() & set(value.shape):
+            return value
+        if any(size in changed and (size in kept or changed[size] > size) for size in value.shape):
+            raise _CannotFollow
+        return value[tuple(slice(0, changed.get(size, size)) for size in value.shape)]
 
-    return (*args[:skip], *(resize(a) for a in args[skip:])), {k: resize(v) for k, v in kwargs.items()}, made
+    try:
+        return (*args[:skip], *(resize(a) for a in args[skip:])), {k: resize(v) for k, v in kwargs.items()}, made
+    except _CannotFollow:
+        return None
+
+
+class _CannotFollow(Exception):
+    """An argument cannot take a neighbour's sizes (see resized_arguments)."""
 
 
 def neighbours(args: tuple, kwargs: dict, skip: int, row_length_free: bool,
@@ -67,4 +89,6 @@ def neighbours(args: tuple, kwargs: dict, skip: int, row_length_free: bool,
         return
     generator = torch.Generator().manual_seed(seed)  # CPU draws, then moved: the same values on any device
     for shape in neighbour_shapes(tuple(tensors[0].shape), row_length_free):
-        yield (shape, *resized_arguments(args, kwargs, skip, shape, generator))
+        resized = resized_arguments(args, kwargs, skip, shape, generator)
+        if resized is not None:
+            yield (shape, *resized)
