@@ -165,15 +165,16 @@ def _poison_allocator(inputs: list[torch.Tensor]) -> None:
 
 @contextlib.contextmanager
 def _unwritten_is_nan(inputs: list[torch.Tensor]):
-    """On the CPU, memory the call allocates and never writes reads as NaN (integers: their maximum).
+    """Around a checked call: memory it allocates and never writes holds NaN, not an earlier result.
 
-    The allocator poison above rests on the next allocation reusing the freed NaN block. CUDA's caching allocator
-    does that; CPU malloc mostly does not (a gpt2-tiny softmax output got a different address in 2000 of 2000
-    tries), so an output never written could hold anything, an earlier correct result included. torch fills
-    torch.empty* with NaN while deterministic algorithms are on (torch.utils.deterministic.fill_uninitialized_memory);
-    warn_only, so an op without a deterministic implementation still runs. Only around the checked call, and only
-    on the CPU: GPU behaviour stays what the H200 tests exercised.
+    The allocator is poisoned first (_poison_allocator), which rests on the next allocation reusing the freed NaN
+    block: CUDA's caching allocator does that. CPU malloc mostly does not (a gpt2-tiny softmax output got a different
+    address in 2000 of 2000 tries), so on the CPU torch also fills torch.empty* with NaN (integers: their maximum)
+    while deterministic algorithms are on (torch.utils.deterministic.fill_uninitialized_memory); warn_only, so an op
+    without a deterministic implementation still runs. That fill only around the checked call, and only on the CPU:
+    GPU behaviour stays what the H200 tests exercised.
     """
+    _poison_allocator(inputs)
     if not any(t.device.type == "cpu" for t in inputs):
         yield
         return
@@ -316,7 +317,6 @@ class CallRecorder:
         check.calls += 1
         inputs = _tensor_inputs(args[self.skip:], kwargs)
         before = [t.detach().clone() for t in inputs]
-        _poison_allocator(inputs)
         threads = threading.active_count()
         with _unwritten_is_nan(inputs):
             out = self.target(*args, **kwargs)
@@ -439,7 +439,6 @@ class CallRecorder:
                 continue
             check.unseen_shapes += 1
             where = f"shape {list(shape)}"
-            _poison_allocator(fresh)
             try:
                 with _unwritten_is_nan(fresh):
                     out = self.target(*new_args, **new_kwargs)

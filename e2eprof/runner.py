@@ -535,14 +535,18 @@ def _record_failure(state: _RunState, failure: ArmFailed, phase: str, workload: 
                               "detail": f"during {phase}: {failure}"})
 
 
+def _left_out(processes, state, key: str, workload: str | None) -> bool:
+    """Whether a process gets no more commands: a replica dropped since the caller listed the processes
+    (_process_failed), an arm that failed, or one out of memory in this workload."""
+    return key not in processes or arm_of(key) in state.arm_failures or (arm_of(key), workload) in state.out_of_memory
+
+
 def _call(processes, state, key: str, command: str, args: dict | None = None):
     """One command to one arm's process (key: the arm, or "<arm>#<replica>"); a failure is recorded (not raised)
     and the arm, all its processes, is left out from then on."""
     args = args or {}
     interrupt.check()
-    if key not in processes:  # a replica dropped since the caller listed the processes (_process_failed)
-        return None
-    if arm_of(key) in state.arm_failures or (arm_of(key), args.get("workload")) in state.out_of_memory:
+    if _left_out(processes, state, key, args.get("workload")):
         return None
     try:
         return processes[key].call(command, **args)
@@ -686,7 +690,7 @@ def _overlapped(processes, state, calls: dict[str, tuple[str, dict]], *,
     interrupt.check()
     sent = []
     for arm, (command, args) in calls.items():
-        if arm not in processes or arm_of(arm) in state.arm_failures or (arm_of(arm), args.get("workload")) in state.out_of_memory:
+        if _left_out(processes, state, arm, args.get("workload")):
             continue
         try:
             processes[arm].send(command, **args)

@@ -41,9 +41,10 @@ def neighbour_shapes(shape: tuple[int, ...], row_length_free: bool) -> list[tupl
     return [s for s in dict.fromkeys(shapes) if s != tuple(shape)]
 
 
-def resized_arguments(args: tuple, kwargs: dict, skip: int, shape: tuple[int, ...],
+def resized_arguments(args: tuple, kwargs: dict, skip: int, primary: tuple[int, ...], shape: tuple[int, ...],
                       generator: torch.Generator) -> tuple[tuple, dict, list[torch.Tensor]] | None:
-    """(args, kwargs, the new tensors) for a neighbour of SHAPE; None when the other arguments cannot follow it.
+    """(args, kwargs, the new tensors) for SHAPE, a neighbour of PRIMARY (the first tensor argument's shape); None
+    when the other arguments cannot follow it.
 
     Every floating tensor shaped like the first tensor argument gets fresh random values of SHAPE (same dtype,
     device). Any other tensor whose dimensions the neighbour shrinks (an attention mask over the rows) is cut to the
@@ -51,8 +52,6 @@ def resized_arguments(args: tuple, kwargs: dict, skip: int, shape: tuple[int, ..
     A tensor that would have to grow, or a size that both changes and stays in the first argument (rows as long as
     the row length), makes the neighbour unusable. args[:skip] (a bound module) are kept.
     """
-    tensors = [a for a in (*args[skip:], *kwargs.values()) if isinstance(a, torch.Tensor)]
-    primary = tuple(tensors[0].shape)
     changed = {old: new for old, new in zip(primary, shape) if old != new}
     kept = {old for old, new in zip(primary, shape) if old == new}
     made: list[torch.Tensor] = []
@@ -87,8 +86,9 @@ def neighbours(args: tuple, kwargs: dict, skip: int, row_length_free: bool,
     tensors = [a for a in (*args[skip:], *kwargs.values()) if isinstance(a, torch.Tensor)]
     if not tensors or not tensors[0].is_floating_point():
         return
+    primary = tuple(tensors[0].shape)
     generator = torch.Generator().manual_seed(seed)  # CPU draws, then moved: the same values on any device
-    for shape in neighbour_shapes(tuple(tensors[0].shape), row_length_free):
-        resized = resized_arguments(args, kwargs, skip, shape, generator)
+    for shape in neighbour_shapes(primary, row_length_free):
+        resized = resized_arguments(args, kwargs, skip, primary, shape, generator)
         if resized is not None:
             yield (shape, *resized)

@@ -22,7 +22,7 @@ def test_weights_that_fix_the_row_length_leave_only_the_rows():
 
 def test_tensors_shaped_like_the_first_get_fresh_values_and_the_rest_stay():
     x, same, other, module = torch.randn(4, 8), torch.randn(4, 8), torch.randn(5), torch.nn.Linear(8, 8)
-    args, kwargs, made = resized_arguments((module, x, other), {"y": same, "dim": -1}, 1, (3, 8),
+    args, kwargs, made = resized_arguments((module, x, other), {"y": same, "dim": -1}, 1, (4, 8), (3, 8),
                                            torch.Generator().manual_seed(0))
     assert args[0] is module and args[2] is other  # the bound module and a tensor of unrelated sizes stay
     assert args[1].shape == kwargs["y"].shape == (3, 8) and kwargs["dim"] == -1
@@ -34,14 +34,14 @@ def test_a_mask_over_the_rows_is_cut_to_them_and_keeps_its_meaning():
     # Attention: query (B, H, T, D) with T = 6 rows of D = 4; the causal mask (B, 1, T, T) shares T.
     query = torch.randn(2, 3, 6, 4)
     causal = torch.full((6, 6), -1e9).triu(1).expand(2, 1, 6, 6)
-    args, _, _ = resized_arguments((query, causal), {}, 0, (2, 3, 3, 5), torch.Generator().manual_seed(0))
+    args, _, _ = resized_arguments((query, causal), {}, 0, (2, 3, 6, 4), (2, 3, 3, 5), torch.Generator().manual_seed(0))
     assert args[0].shape == (2, 3, 3, 5) and args[1].shape == (2, 1, 3, 3)
     assert torch.equal(args[1], causal[:, :, :3, :3])  # still causal: the corner of the original
     # A mask that would have to grow (no values to give it), or rows as long as the row length (which size is
     # which?), cannot follow: the neighbour is left out.
-    assert resized_arguments((query, torch.randn(4)), {}, 0, (2, 3, 3, 8), torch.Generator()) is None
+    assert resized_arguments((query, torch.randn(4)), {}, 0, (2, 3, 6, 4), (2, 3, 3, 8), torch.Generator()) is None
     square = torch.randn(2, 3, 6, 6)
-    assert resized_arguments((square, causal), {}, 0, (2, 3, 3, 6), torch.Generator()) is None
+    assert resized_arguments((square, causal), {}, 0, (2, 3, 6, 6), (2, 3, 3, 6), torch.Generator()) is None
     assert list(neighbours((square, causal), {}, 0, True)) == []
 
 
