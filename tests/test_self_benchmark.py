@@ -125,8 +125,11 @@ def test_overhead_times_every_condition_in_every_block(out):
 
 
 def test_cost_splits_the_compare_into_its_phases(out):
-    run_part(out, "--part", "cost", "--workload", "train", "--block-steps", "2", *TINY)
+    # --reference none reaches the compare: the CPU's default sdpa arm must be missing from the cold steps below.
+    run_part(out, "--part", "cost", "--workload", "train", "--reference", "none", "--block-steps", "2", *TINY)
     table, text = read(out, "cost")
+    # One workload and no reference arm is a narrower compare than the default: its time is not judged against 180 s.
+    assert "**not judged: not the default compare**" in text and "--reference none" in table.e2eprof_options.iloc[0]
     phases = set(table.phase)
     assert {"timing", "correctness", "unattributed (start-up, summary, writing)", "report (e2eprof report)"} <= phases
     assert (table.error.fillna("") == "").all()
@@ -135,7 +138,7 @@ def test_cost_splits_the_compare_into_its_phases(out):
     assert compare_phases.seconds.sum() == pytest.approx(table.compare_wall_s.iloc[0])
     assert "s in all, timing" in text
     assert set(table.phase_workload) == {"*", "train"} and "by workload (cold step to profile): train" in text
-    assert "cold steps by arm" in text and {"baseline", "patched"} <= {
+    assert "cold steps by arm" in text and {"baseline", "patched"} == {
         part.split()[0] for part in table.cold_by_arm.iloc[0].split(", ")}
 
 
@@ -149,6 +152,14 @@ def test_agreement_needs_cuda_and_says_so(out):
     else:
         assert table.status.tolist() == ["skipped"] and "needs CUDA" in table.reason.iloc[0]
         assert "**not measured**" in text
+
+
+def test_reference_is_for_the_cost_part_only(out):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--part", "aa", "--reference", "sdpa", "--out", str(out)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+    assert done.returncode == 2 and done.stderr.strip().startswith("error: --reference: only the cost part")
+    assert "Traceback" not in done.stderr
 
 
 def test_bad_levels_are_a_usage_error(out):
