@@ -11,7 +11,6 @@ import copy
 import math
 import os
 import signal
-import statistics
 import threading
 import time
 import traceback
@@ -23,6 +22,7 @@ import torch
 from e2eprof.memory import MemoryTracker, check_test_limit, release
 from e2eprof.patching import AppliedPatch, apply_patch, check_model_fits
 from e2eprof.registry import load_patch
+from e2eprof.stats import warm_windows_agree
 from e2eprof.workloads.batches import digest, synthetic_token_batches
 from e2eprof.workloads.loops import make_workload
 from e2eprof.workloads.models import build_model, describe, resolve_model
@@ -214,7 +214,8 @@ class ArmWorker:
         return [self._timed_step(workload, "cold", -1)]
 
     def warmup(self, workload: str, window: int, tolerance: float, max_steps: int, max_seconds: float) -> list[dict]:
-        """Run until two consecutive windows' medians agree within `tolerance`, or `max_steps` / `max_seconds` run out."""
+        """Run until two consecutive windows' medians agree (within `tolerance`, or within the steps' own noise:
+        stats.warm_windows_agree), or `max_steps` / `max_seconds` run out."""
         rows: list[dict] = []
         previous = None
         deadline = time.perf_counter() + max_seconds
@@ -222,10 +223,10 @@ class ArmWorker:
                           and (len(rows) < 2 * window or time.perf_counter() < deadline)):
             window_rows = [self._timed_step(workload, "warmup", -1) for _ in range(window)]
             rows.extend(window_rows)
-            median = statistics.median(r["wall_ns"] for r in window_rows)
-            if self._agree(previous is not None and abs(median / previous - 1) < tolerance):
+            current = [r["wall_ns"] for r in window_rows]
+            if self._agree(previous is not None and warm_windows_agree(previous, current, tolerance)):
                 break
-            previous = median
+            previous = current
         return rows
 
     def block(self, workload: str, block: int, steps: int) -> list[dict]:
