@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from e2eprof import interrupt
+from e2eprof import interrupt, startup
 from e2eprof.errors import E2EProfError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -333,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: run the app, turn every failure into one line and an exit code."""
     global _argv
     _argv = None if argv is None else list(argv)
+    startup.mark_entry()
     try:
         code = app(args=argv, standalone_mode=False, prog_name="e2eprof")
     except _click_exceptions("NoArgsIsHelpError"):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from e2eprof import explain, interrupt, reports, stats, telemetry
+from e2eprof import explain, interrupt, reports, startup, stats, telemetry
 from e2eprof import resume as resume_run
 from e2eprof.arm_process import ArmFailed, ArmProcess
 from e2eprof.config import AA_ARM, CompareConfig, default_out_dir
@@ -326,6 +326,11 @@ def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = Fa
     else:
         events("phase", name="telemetry unavailable", detail=sampler.unavailable_reason)
     state = _RunState(out_dir, run_row, sampler)
+    entered = startup.take_entry()
+    if entered is not None:  # interpreter, imports and the checks above: paid before any worker starts
+        now = time.time_ns()
+        state.phases.append({"workload": "*", "phase": "start-up and checks", "start_unix_ns": entered,
+                             "end_unix_ns": now, "seconds": (now - entered) / 1e9})
     if prior is not None:
         state.prior, state.units = prior.tables, prior.units
         for key, unit in prior.units.items():  # what the summary and the explanation need of the kept units
