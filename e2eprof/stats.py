@@ -469,8 +469,8 @@ def warm_windows_agree(previous, current, tolerance: float) -> bool:
     the steps' own noise explains.
 
     Steady steps (a GPU-bound train step, +-0.3%) are held to `tolerance`. Host-bound decoding on the H200 swings
-    by +-30%, so two windows of 5 rarely agree within 2% and each process warmed up to its cap: 185 steps, about
-    23 s, in the 2026-12-03 default run. A difference the noise explains cannot be told from warming up, and the
+    by +-30%, so two windows of 5 rarely agree within 2%: its 5 processes warmed up for 20-50 steps each, 185 in
+    all, in the 2026-12-03 default run; replayed through this rule, 90 (about 23 s less). A difference the noise explains cannot be told from warming up, and the
     interleaved timed blocks spread any slow drift left over evenly across the arms.
     """
     drift = abs(float(np.median(current)) / float(np.median(previous)) - 1)
