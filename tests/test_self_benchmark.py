@@ -159,17 +159,13 @@ def test_agreement_needs_cuda_and_says_so(out):
         assert "**not measured**" in text
 
 
-def test_reference_is_for_the_cost_part_only(out):
+@pytest.mark.parametrize(("args", "message"), [
+    (["--part", "sensitivity", "--levels", "two"], "error: --levels"),
+    (["--part", "aa", "--reference", "sdpa"], "error: --reference: only the cost part"),  # aa sets its own arms
+])
+def test_bad_options_are_a_usage_error(out, args, message):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--part", "aa", "--reference", "sdpa", "--out", str(out)],
+    done = subprocess.run([sys.executable, str(SCRIPT), *args, "--out", str(out)],
                           capture_output=True, text=True, env=env, cwd=ROOT, check=False)
-    assert done.returncode == 2 and done.stderr.strip().startswith("error: --reference: only the cost part")
-    assert "Traceback" not in done.stderr
-
-
-def test_bad_levels_are_a_usage_error(out):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--part", "sensitivity", "--levels", "two", "--out", str(out)],
-                          capture_output=True, text=True, env=env, cwd=ROOT, check=False)
-    assert done.returncode == 2 and done.stderr.strip().startswith("error: --levels")
+    assert done.returncode == 2 and done.stderr.strip().startswith(message)
     assert "Traceback" not in done.stderr
