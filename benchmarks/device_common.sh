@@ -29,3 +29,19 @@ env_gpu() {  # env_gpu [FIELDS]: the UTC time, then nvidia-smi's CSV of FIELDS (
 env_versions() {  # one line: the versions of python, torch (and its CUDA), transformers and triton
   python3 -c 'import torch, transformers, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "triton", triton.__version__)'
 }
+
+# run_e2eprof NAME MIN_SECONDS ARGS...: one e2eprof command into $RUNS/NAME (RUNS and a device_deadline set by the
+# caller), skipped when fewer than MIN_SECONDS are left; its log is $RUNS/NAME.log. Every finished run is archived
+# at once into $OUT/results.tgz, so a call cut short still returns what finished. E2EPROF_EXTRA (a CPU dry run:
+# "--device cpu --steps 6 --seq 16") goes after ARGS.
+run_e2eprof() {
+  local name=$1 need=$2; shift 2
+  if [ "$(left)" -lt "$need" ]; then echo "$name: skipped, $(left) s left" | tee -a "$RUNS/skipped.txt"; return; fi
+  local start; start=$(date +%s)
+  # shellcheck disable=SC2086  # E2EPROF_EXTRA is a list of options
+  echo "\$ python3 -m e2eprof $* ${E2EPROF_EXTRA:-} --out $name" > "$RUNS/$name.log"
+  timeout $(( $(left) - 10 )) python3 -m e2eprof "$@" ${E2EPROF_EXTRA:-} --out "$RUNS/$name" 2>&1 | grep -v "loss_type=None" >> "$RUNS/$name.log"
+  echo "$name: exit ${PIPESTATUS[0]}, wall $(( $(date +%s) - start )) s" | tee -a "$RUNS/$name.log"
+  grep -E "verdict|speedup|replaced|beats|point" "$RUNS/$name.log" | head -30
+  tar czf "$OUT/results.tgz" -C "$RUNS" .
+}

@@ -9,22 +9,11 @@ device_deadline 540
 RUNS=$(mktemp -d)
 { env_gpu; env_versions; } 2>&1 | tee "$RUNS/env.txt"
 
-run() {  # run NAME MIN_SECONDS ARGS...: one e2eprof command into $RUNS/NAME, skipped when too little time is left
-  local name=$1 need=$2; shift 2
-  if [ "$(left)" -lt "$need" ]; then echo "$name: skipped, $(left) s left"; return; fi
-  local start; start=$(date +%s)
-  echo "\$ python3 -m e2eprof $* --out $name" > "$RUNS/$name.log"
-  timeout $(( $(left) - 10 )) python3 -m e2eprof "$@" --out "$RUNS/$name" 2>&1 | grep -v "loss_type=None" >> "$RUNS/$name.log"
-  echo "$name: exit ${PIPESTATUS[0]}, wall $(( $(date +%s) - start )) s" | tee -a "$RUNS/$name.log"
-  grep -E "verdict|speedup|replaced|beats|point" "$RUNS/$name.log" | head -30
-  tar czf "$OUT/results.tgz" -C "$RUNS" .  # after every run: a call cut short still returns what finished
-}
-
-run bert-base-fastgelu 90 compare --model bert-base --patch fastgelu --workload infer --reference sdpa --budget 20
-[ "${SWEEP:-1}" = 1 ] && run gpt2-fastsoftmax-sweep 200 compare --model gpt2 --patch fastsoftmax --workload train --batch 1,4,8 --seq 256,1024 \
+run_e2eprof bert-base-fastgelu 90 compare --model bert-base --patch fastgelu --workload infer --reference sdpa --budget 20
+[ "${SWEEP:-1}" = 1 ] && run_e2eprof gpt2-fastsoftmax-sweep 200 compare --model gpt2 --patch fastsoftmax --workload train --batch 1,4,8 --seq 256,1024 \
   --dtype bf16,fp32 --reference none --no-profile --steps 10 --block-steps 5 --budget 0
-run gpt2-fusedsoftmax 90 compare --model gpt2 --patch fusedsoftmax --workload train,infer --reference sdpa --budget 15
+run_e2eprof gpt2-fusedsoftmax 90 compare --model gpt2 --patch fusedsoftmax --workload train,infer --reference sdpa --budget 15
 for patch in ${MICROBENCH:-fusedsoftmax}; do  # e.g. MICROBENCH="fastgelu fastlayernorm rmsnorm swiglu"
-  run "microbench-$patch" 60 microbench --patch "$patch" --no-sweep
+  run_e2eprof "microbench-$patch" 60 microbench --patch "$patch" --no-sweep
 done
 echo "time left at the end: $(left) s"
