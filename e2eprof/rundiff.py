@@ -424,23 +424,13 @@ def _arm_row(a, b, config, point, workload, arm, in_a: bool, in_b: bool) -> dict
         # ratio_of_medians_ci divides median(baseline) by median(candidate): B first gives B/A, a time ratio.
         ci = stats.ratio_of_medians_ci(xb, xa, confidence=config.confidence, n_boot=config.n_boot, seed=config.seed)
         # A and B are other processes: each one's own offset is a difference the bootstrap cannot see.
-        noise = cross_run_noise(a.process_noise, a.processes(point, workload, arm),
-                                b.process_noise, b.processes(point, workload, arm))
+        # Differences between days or cards come on top and are not in it: the environment flags name them.
+        noise = stats.pooled_process_noise(a.process_noise, a.processes(point, workload, arm),
+                                           b.process_noise, b.processes(point, workload, arm))
         ci = stats.with_process_noise(ci, noise)
         row.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high, mde=stats.minimum_detectable_effect(ci),
                    p=stats.mann_whitney(xb, xa).p_two_sided, process_noise=noise)
     return row
-
-
-def cross_run_noise(noise_a: float, processes_a: int, noise_b: float, processes_b: int) -> float:
-    """Process noise of one arm's B/A time ratio across two runs.
-
-    A run's process_noise is defined for one process against one (stats.replicated_process_noise): one process's
-    offset has spread noise / sqrt(2), and an arm's location pools its processes. So Var(log B/A) =
-    noise_a^2 / (2 n_a) + noise_b^2 / (2 n_b), which is stats.replicated_process_noise when both runs agree.
-    Differences between days or cards come on top and are not in it: the environment flags name them.
-    """
-    return math.sqrt((noise_a ** 2 / processes_a + noise_b ** 2 / processes_b) / 2)
 
 
 def _holm_into(rows: list[dict]) -> None:

@@ -156,9 +156,13 @@ class _RunState:
         try:
             yield
         finally:
-            end = time.time_ns()
-            self.phases.append({"workload": workload, "phase": name, "start_unix_ns": start, "end_unix_ns": end,
-                                "seconds": (end - start) / 1e9})
+            self.record_phase(workload, name, start)
+
+    def record_phase(self, workload: str, name: str, start_unix_ns: int) -> None:
+        """A phases.parquet row for work from start_unix_ns until now."""
+        end = time.time_ns()
+        self.phases.append({"workload": workload, "phase": name, "start_unix_ns": start_unix_ns, "end_unix_ns": end,
+                            "seconds": (end - start_unix_ns) / 1e9})
 
     def steps_frame(self) -> pd.DataFrame:
         """Steps joined with the telemetry samples that fall inside each step (clocks, temperature, throttling).
@@ -328,9 +332,7 @@ def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = Fa
     state = _RunState(out_dir, run_row, sampler)
     entered = startup.take_entry()
     if entered is not None:  # interpreter, imports and the checks above: paid before any worker starts
-        now = time.time_ns()
-        state.phases.append({"workload": "*", "phase": "start-up and checks", "start_unix_ns": entered,
-                             "end_unix_ns": now, "seconds": (now - entered) / 1e9})
+        state.record_phase("*", "start-up and checks", entered)
     if prior is not None:
         state.prior, state.units = prior.tables, prior.units
         for key, unit in prior.units.items():  # what the summary and the explanation need of the kept units

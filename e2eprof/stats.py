@@ -296,9 +296,15 @@ def replicated_process_noise(process_noise: float, baseline_processes: int = 1, 
     process's offset. Each arm's location pools its processes, so their offsets average out:
     Var = s^2 * (1/n_b + 1/n_c) = process_noise^2 * (1/n_b + 1/n_c) / 2; two processes per arm give process_noise / sqrt(2).
     """
-    if baseline_processes < 1 or candidate_processes < 1:
-        raise ValueError(f"need at least one process per arm, got {baseline_processes} and {candidate_processes}")
-    return process_noise * math.sqrt((1 / baseline_processes + 1 / candidate_processes) / 2)
+    return pooled_process_noise(process_noise, baseline_processes, process_noise, candidate_processes)
+
+
+def pooled_process_noise(noise_a: float, processes_a: int, noise_b: float, processes_b: int) -> float:
+    """replicated_process_noise where the two sides were judged with different process noises (e2eprof diff: one
+    arm's B/A ratio across two runs, each with its own setting): Var = noise_a^2 / (2 n_a) + noise_b^2 / (2 n_b)."""
+    if processes_a < 1 or processes_b < 1:
+        raise ValueError(f"need at least one process per arm, got {processes_a} and {processes_b}")
+    return math.sqrt((noise_a ** 2 / processes_a + noise_b ** 2 / processes_b) / 2)
 
 
 def count_processes(replicas) -> int:
@@ -470,8 +476,9 @@ def warm_windows_agree(previous, current, tolerance: float) -> bool:
 
     Steady steps (a GPU-bound train step, +-0.3%) are held to `tolerance`. Host-bound decoding on the H200 swings
     by +-30%, so two windows of 5 rarely agree within 2%: its 5 processes warmed up for 20-50 steps each, 185 in
-    all, in the 2026-12-03 default run; replayed through this rule, 90 (about 23 s less). A difference the noise explains cannot be told from warming up, and the
-    interleaved timed blocks spread any slow drift left over evenly across the arms.
+    all, in the 2026-12-03 default run; replayed through this rule, 90 (about 23 s less). A difference the noise
+    explains cannot be told from warming up, and the interleaved timed blocks spread any slow drift left over
+    evenly across the arms.
     """
     drift = abs(float(np.median(current)) / float(np.median(previous)) - 1)
     return drift < max(tolerance, warmup_noise_bound(previous, current))

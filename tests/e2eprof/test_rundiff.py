@@ -172,12 +172,12 @@ def test_process_offsets_between_runs_are_not_changes(tmp_path):
     assert rows_by_key(result, "speedup")[("train", "patched")].status == NO_SIGNIFICANT_DIFFERENCE
 
 
-def test_cross_run_noise_pools_replicas():
+def test_pooled_process_noise_pools_replicas():
     """One process per arm in each run gives the run's own figure; replicas divide each run's share."""
-    assert rundiff.cross_run_noise(0.0044, 1, 0.0044, 1) == pytest.approx(0.0044)
-    assert rundiff.cross_run_noise(0.0044, 2, 0.0044, 2) == pytest.approx(stats.replicated_process_noise(0.0044, 2, 2))
-    assert rundiff.cross_run_noise(0.0, 1, 0.0, 1) == 0.0
-    assert rundiff.cross_run_noise(0.0044, 2, 0.0, 1) == pytest.approx(0.0044 / 2)
+    assert stats.pooled_process_noise(0.0044, 1, 0.0044, 1) == pytest.approx(0.0044)
+    assert stats.pooled_process_noise(0.0044, 2, 0.0044, 2) == pytest.approx(stats.replicated_process_noise(0.0044, 2, 2))
+    assert stats.pooled_process_noise(0.0, 1, 0.0, 1) == 0.0
+    assert stats.pooled_process_noise(0.0044, 2, 0.0, 1) == pytest.approx(0.0044 / 2)
 
 
 def test_replicas_counted_per_arm(tmp_path):
