@@ -1,0 +1,66 @@
+"""README results-table rows from compare run directories, so the published figures are read from the runs.
+
+For each RUN_DIR, one markdown row per workload of the patched arm: predicted (Amdahl) and measured step speedup
+with its 95% interval, the verdict, and the patched arm against each stock reference with its interval.
+When the patch runs with stock SDPA attention there is no separate sdpa arm: the baseline already is stock SDPA,
+so "vs SDPA" is the measured speedup itself, and the row says so. A workload a reference sits out shows "-".
+Usage: python3 benchmarks/results_table_rows.py RUN_DIR...
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+
+def _x(value: float) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}x"
+
+
+def _with_interval(value: float, low: float, high: float) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value:.3f}x [{low:.3f}, {high:.3f}]" if not math.isnan(low) else _x(value)
+
+
+def rows(run_dir: Path) -> list[str]:
+    summary = pd.read_parquet(run_dir / "summary.parquet")
+    arms = set(summary.arm)
+    out = []
+    for r in summary[summary.arm == "patched"].itertuples():
+        verdict = f"{r.verdict} ({r.reasons})" if isinstance(r.reasons, str) and r.reasons else str(r.verdict)
+        measured = _with_interval(r.speedup_vs_baseline, r.ci_low, r.ci_high)
+        if "sdpa" in arms:
+            vs_sdpa = _with_interval(r.speedup_vs_sdpa, r.sdpa_ci_low, r.sdpa_ci_high)
+        else:
+            vs_sdpa = f"{measured} (baseline is stock SDPA)"
+        vs_compile = _with_interval(getattr(r, "speedup_vs_compile", float("nan")),
+                                    getattr(r, "compile_ci_low", float("nan")),
+                                    getattr(r, "compile_ci_high", float("nan")))
+        if "compile" not in arms:
+            vs_compile = "no compile arm"
+        out.append(f"| {r.workload} | {_x(r.predicted_speedup)} | {measured} | {verdict} | {vs_sdpa} | {vs_compile} |")
+    return out
+
+
+def main(run_dirs: list[str]) -> int:
+    if not run_dirs:
+        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
+        return 2
+    for name in run_dirs:
+        path = Path(name)
+        if not (path / "summary.parquet").exists():
+            print(f"error: {path} has no summary.parquet (not a finished compare run)", file=sys.stderr)
+            return 2
+        print(f"{path.name}:")
+        print("| workload | predicted | measured [95% CI] | verdict | patched vs SDPA | patched vs compile |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(rows(path)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
