@@ -690,9 +690,9 @@ def _overlapped(processes, state, calls: dict[str, tuple[str, dict]], *,
 
     Only for work that is not timed (correctness captures): the compile arm's recompilation for eval mode, the fp64
     reference and the other arms' captures then take as long as the slowest of them, not their sum. An arm that
-    runs out of memory beside the others is asked again alone, as it would have been run before; a second failure
-    is recorded like any other (with retry_out_of_memory=False, the first). Results by arm; a failed arm is left
-    out.
+    runs out of memory beside the others is asked again alone, as it would have been run before, once every other
+    process has emptied its allocator cache; a second failure is recorded like any other (with
+    retry_out_of_memory=False, the first). Results by arm; a failed arm is left out.
     """
     interrupt.check()
     sent = []
@@ -713,6 +713,13 @@ def _overlapped(processes, state, calls: dict[str, tuple[str, dict]], *,
                 alone.append(arm)
             else:
                 _process_failed(processes, state, arm, failure, calls[arm][0], calls[arm][1].get("workload", "*"))
+    if alone:
+        # Before the retries, the other processes give their allocator caches back: their own work in this round
+        # (captures, an fp64 reference) has just filled them, and an arm retried alone still shares the device
+        # with every process's cache. llama-1b's train gate on the H200 ran out this way with two processes per
+        # arm and the compile arm beside the fp64 reference.
+        _overlapped(processes, state, {key: ("release_cached_memory", {}) for key in processes if key not in alone},
+                    retry_out_of_memory=False)
     for arm in alone:
         command, args = calls[arm]
         result = _call(processes, state, arm, command, args)

@@ -118,6 +118,12 @@ class ArmWorker:
         release(self.device)
 
     # ---- commands -------------------------------------------------------------------------------------
+    def release_cached_memory(self) -> dict:
+        """Give the allocator's cached blocks back to the device (untimed: the next steps re-grow the cache), so
+        an arm retried alone after running out of memory can use them."""
+        release(self.device)
+        return {}
+
     def build(self) -> dict:
         setup = self.setup
         started = time.perf_counter()

@@ -17,6 +17,7 @@ class Device:
     def __init__(self):
         self.in_flight = 0
         self.log: list[str] = []
+        self.commands: list[tuple[str, str]] = []  # (arm, command) in the order sent
 
 
 class StandIn:
@@ -29,6 +30,7 @@ class StandIn:
     def send(self, command, **kwargs):
         self.device.in_flight += 1
         self.device.log.append(f"send {self.name}")
+        self.device.commands.append((self.name, command))
         self.pending = (command, kwargs, self.device.in_flight)
 
     def receive(self):
@@ -107,3 +109,34 @@ def test_without_retry_an_out_of_memory_arm_is_recorded_at_once():
     results = _overlapped(arms, s, {n: ("build", {}) for n in arms}, retry_out_of_memory=False)
     assert sorted(results) == ["a"] and list(s.arm_failures) == ["big"]
     assert device.log.count("send big") == 1
+
+
+def test_before_a_retry_alone_the_other_processes_empty_their_caches():
+    # The retry shares the device with every other process's allocator cache: they give it back first, and only
+    # they do (the arm being retried has already released its own after the failure).
+    device = Device()
+    arms = {"a": StandIn("a", device), "b": StandIn("b", device),
+            "big": StandIn("big", device, fails=lambda in_flight: OOM if in_flight > 1 else None)}
+    results = _overlapped(arms, state(), {n: ("capture", {"workload": "train"}) for n in arms})
+    assert sorted(results) == ["a", "b", "big"]
+    assert device.commands[3:] == [("a", "release_cached_memory"), ("b", "release_cached_memory"), ("big", "capture")]
+
+
+def test_no_out_of_memory_means_no_release():
+    device = Device()
+    arms = {n: StandIn(n, device) for n in ("a", "b")}
+    _overlapped(arms, state(), {n: ("capture", {"workload": "train"}) for n in arms})
+    assert [command for _, command in device.commands] == ["capture", "capture"]
+
+
+def test_the_real_worker_answers_the_release_command(tmp_path):
+    # On the CPU there is no allocator cache to return; the command must still be one the worker knows and leave
+    # the arm able to step (on CUDA: tests/gpu/test_release_cached_memory_cuda.py).
+    from e2eprof.worker import ArmSpec, ArmWorker, WorkerSetup
+
+    arm = ArmWorker(WorkerSetup(arm=ArmSpec("baseline", "sdpa", False), model="gpt2-tiny", patch_spec="fastsoftmax",
+                                device="cpu", precision="fp32", seed=0, batch=1, seq=16, new_tokens=4,
+                                scratch_dir=str(tmp_path)))
+    arm.build()
+    assert arm.dispatch("release_cached_memory", {}) == {}
+    assert arm.cold("infer")
