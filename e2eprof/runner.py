@@ -755,6 +755,12 @@ def _correctness_gate(config, workload, processes, state, patch, scratch, live) 
             if arm == "patched":
                 state.correctness += call_check_rows(workload, arm, result["op_checks"])
             state.correctness += dp.rank_agreement_rows(workload, arm, result, dp.agreement_tolerance(patch, config.precision))
+    if reference and reference.get("device", "cpu") != str(config.device).split(":")[0]:
+        state.correctness.append({  # informational: where the trusted values came from
+            "workload": workload, "arm": "baseline", "tensor": "-", "metric": "reference_on_host", "value": 1.0,
+            "tolerance": math.nan, "passed": True,
+            "detail": f"the fp64 reference did not fit on {config.device} beside the other arms' processes and ran "
+                      f"on the host instead (same model, weights and batch)"})
     if reference and "baseline" in captures:
         state.correctness += compare_captures(workload, reference["path"], captures, patch, config.precision)
 

@@ -258,20 +258,46 @@ class ArmWorker:
         return {"path": path, "keys": sorted(outputs), "op_checks": checks}
 
     def reference(self, workload: str, path: str) -> dict:
-        """fp64 outputs of this arm's (stock) model on the same batch: the trusted reference."""
+        """fp64 outputs of this arm's (stock) model on the same batch: the trusted reference.
+
+        On the arm's device when it fits there beside the other arms' processes, else on the host from a model
+        rebuilt there: the reference is untimed, and without it the workload would lose its correctness gate and,
+        with the baseline out of memory, its verdict (llama-1b training beside five processes on the H200).
+        "device" in the answer says where it ran.
+        """
         if self.applied is not None:
             raise RuntimeError("the fp64 reference must come from an unpatched arm")
         check_test_limit(self.setup.arm.name, self.setup.batch, self.setup.seq)
-        model64 = copy.deepcopy(self.model)
-        model64.load_state_dict(self.pristine)
-        model64 = model64.double()
-        instance = make_workload(workload, model64, self.device, "fp64", **self._options(workload))
+        ran_out = False
+        try:
+            model64 = copy.deepcopy(self.model)
+            model64.load_state_dict(self.pristine)
+            outputs = self._fp64_outputs(workload, model64.double(), self.device)
+        except torch.cuda.OutOfMemoryError:
+            ran_out = True
+        if ran_out:
+            # Outside the except block, so the traceback no longer pins the failed attempt's tensors.
+            model64 = None
+            release(self.device)
+            outputs = self._fp64_outputs(workload, self._host_fp64_model(), torch.device("cpu"))
+        _save_outputs(outputs, path)
+        return {"path": path, "keys": sorted(outputs), "device": "cpu" if ran_out else self.device.type}
+
+    def _fp64_outputs(self, workload: str, model64: torch.nn.Module, device: torch.device) -> dict:
+        instance = make_workload(workload, model64, device, "fp64", **self._options(workload))
         outputs = instance.capture(self.batches[0])
         del instance, model64
-        if self.device.type == "cuda":
+        if device.type == "cuda":
             torch.cuda.empty_cache()
-        _save_outputs(outputs, path)
-        return {"path": path, "keys": sorted(outputs)}
+        return outputs
+
+    def _host_fp64_model(self) -> torch.nn.Module:
+        """The stock model in fp64 on the host, built from the source and the pristine weights (never copied from
+        the device: the device has just run out)."""
+        model = build_model(resolve_model(self.setup.model), attn_implementation=self.setup.arm.attn_implementation,
+                            seed=self.setup.seed)
+        model.load_state_dict(self.pristine)
+        return model.double()
 
     def profile(self, workload: str, warmup: int, active: int, trace_path: str | None = None) -> dict:
         """torch.profiler over a few real steps, after timing: per-op table, replaced-region time, completeness.

@@ -131,7 +131,7 @@ def test_no_out_of_memory_means_no_release():
 
 def test_the_real_worker_answers_the_release_command(tmp_path):
     # On the CPU there is no allocator cache to return; the command must still be one the worker knows and leave
-    # the arm able to step (on CUDA: tests/gpu/test_release_cached_memory_cuda.py).
+    # the arm able to step (on CUDA: tests/gpu/test_out_of_memory_cuda.py).
     from e2eprof.worker import ArmSpec, ArmWorker, WorkerSetup
 
     arm = ArmWorker(WorkerSetup(arm=ArmSpec("baseline", "sdpa", False), model="gpt2-tiny", patch_spec="fastsoftmax",

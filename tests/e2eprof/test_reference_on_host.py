@@ -1,0 +1,49 @@
+"""The fp64 reference falls back to the host when the device runs out (ArmWorker.reference).
+
+A CUDA out-of-memory cannot happen on the CPU, so here the device attempt is made to raise it; what follows is the
+real fallback: a model rebuilt on the host from the source and the pristine weights, whose fp64 outputs must be
+exactly those of the usual path. The real out-of-memory on CUDA: tests/gpu/test_out_of_memory_cuda.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from e2eprof.worker import ArmSpec, ArmWorker, WorkerSetup
+
+
+@pytest.fixture
+def arm(tmp_path):
+    worker = ArmWorker(WorkerSetup(arm=ArmSpec("baseline", "sdpa", False), model="gpt2-tiny", patch_spec="fastsoftmax",
+                                   device="cpu", precision="fp32", seed=0, batch=2, seq=16, new_tokens=4,
+                                   scratch_dir=str(tmp_path)))
+    worker.build()
+    worker.cold("train")  # the arm has trained a step: the reference must still use the pristine weights
+    worker.block("train", 0, 2)
+    return worker
+
+
+@pytest.mark.parametrize("workload", ["train", "infer"])
+def test_the_host_fallback_gives_the_same_fp64_outputs(arm, tmp_path, workload):
+    usual = arm.reference(workload, str(tmp_path / "usual.safetensors"))
+    assert usual["device"] == "cpu"  # this arm's own device
+
+    real = arm._fp64_outputs
+    attempts = []
+
+    def device_runs_out(workload_name, model64, device):
+        attempts.append(device)
+        if len(attempts) == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(workload_name, model64, device)
+
+    arm._fp64_outputs = device_runs_out
+    fallback = arm.reference(workload, str(tmp_path / "fallback.safetensors"))
+    assert len(attempts) == 2 and fallback["device"] == "cpu"
+    a, b = load_file(usual["path"]), load_file(fallback["path"])
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert a[key].dtype == torch.float64
+        assert torch.equal(a[key], b[key]), key

@@ -1,0 +1,63 @@
+"""Out of memory on CUDA, provoked for real: a worker's allocator cache goes back on request
+(ArmWorker.release_cached_memory, what an arm retried alone after running out can then use), and the fp64
+reference that does not fit on the device runs on the host instead, without leaving device memory behind."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from e2eprof.worker import ArmSpec, ArmWorker, WorkerSetup
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def _arm(tmp_path, model: str, batch: int, seq: int) -> ArmWorker:
+    arm = ArmWorker(WorkerSetup(arm=ArmSpec("baseline", "sdpa", False), model=model, patch_spec="fastsoftmax",
+                                device="cuda", precision="bf16", seed=0, batch=batch, seq=seq, new_tokens=4,
+                                scratch_dir=str(tmp_path)))
+    arm.build()
+    return arm
+
+
+def test_the_cache_goes_back_and_the_arm_steps_on(tmp_path):
+    arm = _arm(tmp_path, "gpt2-tiny", 4, 128)
+    arm.cold("train")
+    torch.cuda.synchronize()
+    # The step's activations are freed but stay reserved: the cache the command exists to give back.
+    cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    assert cached > 0
+    assert arm.release_cached_memory() == {}
+    assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() < cached
+    arm.cold("train")  # weights, optimizer state and batches are untouched
+
+
+def test_a_reference_that_does_not_fit_runs_on_the_host_and_frees_the_device(tmp_path):
+    arm = _arm(tmp_path, "gpt2", 2, 128)  # 124M parameters: its fp64 copy alone needs 1 GB
+    arm.cold("train")
+    on_device = arm.reference("train", str(tmp_path / "device.safetensors"))
+    assert on_device["device"] == "cuda"
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    allocated = torch.cuda.memory_allocated()
+    free, _ = torch.cuda.mem_get_info()
+    # Everything but 256 MB of the device taken by another tenant (here: this test): the fp64 copy cannot fit.
+    blocker = torch.empty(free - 256 * 2**20, dtype=torch.uint8, device="cuda")
+    try:
+        on_host = arm.reference("train", str(tmp_path / "host.safetensors"))
+        assert on_host["device"] == "cpu"
+        torch.cuda.synchronize()
+        # The failed device attempt left nothing allocated behind it.
+        assert torch.cuda.memory_allocated() - blocker.numel() <= allocated + 2**20
+    finally:
+        del blocker
+    a, b = load_file(on_device["path"]), load_file(on_host["path"])
+    assert sorted(a) == sorted(b)
+    for key in a:
+        # fp64 on two devices: the same values up to summation order.
+        assert torch.allclose(a[key], b[key], rtol=1e-9, atol=1e-12), key
+    arm.cold("train")  # the arm goes on
