@@ -58,6 +58,9 @@ def test_a_reference_that_does_not_fit_runs_on_the_host_and_frees_the_device(tmp
     a, b = load_file(on_device["path"]), load_file(on_host["path"])
     assert sorted(a) == sorted(b)
     for key in a:
-        # fp64 on two devices: the same values up to summation order.
-        assert torch.allclose(a[key], b[key], rtol=1e-9, atol=1e-12), key
+        # fp64 on two devices is not bitwise the same (other kernels, other summation orders). Measured on the H200
+        # (2026-12-03, this model and batch): relative-norm difference 1.7e-9 median, 1.3e-8 largest (ln_f's weight
+        # gradient). The tightest correctness floor is 1e-5 (fp32), so no verdict can move by where it ran.
+        difference = ((a[key] - b[key]).norm() / a[key].norm().clamp_min(1e-300)).item()
+        assert difference < 1e-7, (key, difference)
     arm.cold("train")  # the arm goes on
