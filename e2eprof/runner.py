@@ -755,7 +755,8 @@ def _correctness_gate(config, workload, processes, state, patch, scratch, live) 
             if arm == "patched":
                 state.correctness += call_check_rows(workload, arm, result["op_checks"])
             state.correctness += dp.rank_agreement_rows(workload, arm, result, dp.agreement_tolerance(patch, config.precision))
-    if reference and reference.get("device", "cpu") != str(config.device).split(":")[0]:
+    device_type = str(config.device).split(":")[0]
+    if reference and reference.get("device", device_type) != device_type:
         state.correctness.append({  # informational: where the trusted values came from
             "workload": workload, "arm": "baseline", "tensor": "-", "metric": "reference_on_host", "value": 1.0,
             "tolerance": math.nan, "passed": True,

@@ -279,7 +279,7 @@ class ArmWorker:
             # Outside the except block, so the traceback no longer pins the failed attempt's tensors.
             model64 = None
             release(self.device)
-            outputs = self._fp64_outputs(workload, self._host_fp64_model(), torch.device("cpu"))
+            outputs = self._fp64_outputs(workload, self._fresh_fp64_model(), torch.device("cpu"))
         _save_outputs(outputs, path)
         return {"path": path, "keys": sorted(outputs), "device": "cpu" if ran_out else self.device.type}
 
@@ -291,9 +291,9 @@ class ArmWorker:
             torch.cuda.empty_cache()
         return outputs
 
-    def _host_fp64_model(self) -> torch.nn.Module:
-        """The stock model in fp64 on the host, built from the source and the pristine weights (never copied from
-        the device: the device has just run out)."""
+    def _fresh_fp64_model(self) -> torch.nn.Module:
+        """The stock model in fp64 on the host, built from the source and the pristine weights: not copied from
+        this arm's model, whose device may have just run out (or which FSDP has resharded in place)."""
         model = build_model(resolve_model(self.setup.model), attn_implementation=self.setup.arm.attn_implementation,
                             seed=self.setup.seed)
         model.load_state_dict(self.pristine)

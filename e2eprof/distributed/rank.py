@@ -29,7 +29,7 @@ from e2eprof.distributed.merge import merge
 from e2eprof.worker import ArmWorker, WorkerSetup, _save_outputs
 from e2eprof.workloads.distributed import (DISTRIBUTED_WORKLOADS, is_dtensor, rank_capture_batches, reference_capture,
                                            shard_seed)
-from e2eprof.workloads.models import build_model, describe, resolve_model
+from e2eprof.workloads.models import describe
 
 
 def rank_path(path: str, rank: int) -> str:
@@ -82,13 +82,10 @@ class RankWorker(ArmWorker):
             raise RuntimeError("the fp64 reference must come from an unpatched arm")
         if self.rank != 0:
             return {}
-        # A fresh model rather than a copy: FSDP has resharded this one in place.
-        model64 = build_model(resolve_model(self.setup.model), attn_implementation=self.setup.arm.attn_implementation,
-                              seed=self.setup.seed)
-        model64.load_state_dict(self.pristine)
+        model64 = self._fresh_fp64_model()
         batches = rank_capture_batches(self.setup.seed, self.world, self.setup.batch, self.setup.seq,
                                        describe(model64)["vocab_size"])
-        outputs = reference_capture(model64.double(), self.device, batches)
+        outputs = reference_capture(model64, self.device, batches)
         del model64
         _save_outputs(outputs, path)
         return {"path": path, "keys": sorted(outputs)}
