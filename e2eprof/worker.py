@@ -270,14 +270,13 @@ class ArmWorker:
         check_test_limit(self.setup.arm.name, self.setup.batch, self.setup.seq)
         ran_out = False
         try:
-            model64 = copy.deepcopy(self.model)
-            model64.load_state_dict(self.pristine)
-            outputs = self._fp64_outputs(workload, model64.double(), self.device)
+            # The copy is made inside the argument, so _fp64_outputs holds its only reference and frees it before
+            # emptying the cache: a name bound here would keep the fp64 model's memory cached after the reference.
+            outputs = self._fp64_outputs(workload, self._device_fp64_model(), self.device)
         except torch.cuda.OutOfMemoryError:
             ran_out = True
         if ran_out:
             # Outside the except block, so the traceback no longer pins the failed attempt's tensors.
-            model64 = None
             release(self.device)
             outputs = self._fp64_outputs(workload, self._fresh_fp64_model(), torch.device("cpu"))
         _save_outputs(outputs, path)
@@ -290,6 +289,12 @@ class ArmWorker:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return outputs
+
+    def _device_fp64_model(self) -> torch.nn.Module:
+        """The stock model in fp64 on this arm's device: a copy of this arm's model with the pristine weights."""
+        model64 = copy.deepcopy(self.model)
+        model64.load_state_dict(self.pristine)
+        return model64.double()
 
     def _fresh_fp64_model(self) -> torch.nn.Module:
         """The stock model in fp64 on the host, built from the source and the pristine weights: not copied from

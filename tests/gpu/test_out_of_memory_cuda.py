@@ -39,9 +39,13 @@ def test_the_cache_goes_back_and_the_arm_steps_on(tmp_path):
 def test_a_reference_that_does_not_fit_runs_on_the_host_and_frees_the_device(tmp_path):
     arm = _arm(tmp_path, "gpt2", 2, 128)  # 124M parameters: its fp64 copy alone needs 1 GB
     arm.cold("train")
+    torch.cuda.synchronize()
+    reserved = torch.cuda.memory_reserved()
     on_device = arm.reference("train", str(tmp_path / "device.safetensors"))
     assert on_device["device"] == "cuda"
     torch.cuda.synchronize()
+    # The reference empties the cache after freeing its fp64 model (1 GB here): none of it stays reserved.
+    assert torch.cuda.memory_reserved() <= reserved
     torch.cuda.empty_cache()
     allocated = torch.cuda.memory_allocated()
     free, _ = torch.cuda.mem_get_info()
