@@ -2,13 +2,15 @@
 
 For each RUN_DIR, one markdown row per workload of the patched arm: predicted (Amdahl) and measured step speedup
 with its 95% interval, the verdict, and the patched arm against each stock reference with its interval.
-When the patch runs with stock SDPA attention there is no separate sdpa arm: the baseline already is stock SDPA,
-so "vs SDPA" is the measured speedup itself, and the row says so. A workload a reference sits out shows "-".
+When the sdpa arm was asked for but not built, the baseline already is stock SDPA (the runner builds none then),
+so "vs SDPA" is the measured speedup itself, and the row says so; a run that did not ask for it says "no sdpa
+arm". A workload a reference sits out shows "-", as does a prediction of a run without a profile.
 Usage: python3 benchmarks/results_table_rows.py RUN_DIR...
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -26,23 +28,32 @@ def _with_interval(value: float, low: float, high: float) -> str:
     return f"{value:.3f}x [{low:.3f}, {high:.3f}]" if not math.isnan(low) else _x(value)
 
 
+_COLUMNS = ("workload", "verdict", "reasons", "speedup_vs_baseline", "ci_low", "ci_high", "predicted_speedup",
+            "speedup_vs_sdpa", "sdpa_ci_low", "sdpa_ci_high", "speedup_vs_compile", "compile_ci_low", "compile_ci_high")
+
+
 def rows(run_dir: Path) -> list[str]:
     summary = pd.read_parquet(run_dir / "summary.parquet")
     arms = set(summary.arm)
+    run = pd.read_parquet(run_dir / "run.parquet").iloc[0]
+    asked = json.loads(run.config_json).get("reference_arms") or []
     out = []
-    for r in summary[summary.arm == "patched"].itertuples():
-        verdict = f"{r.verdict} ({r.reasons})" if isinstance(r.reasons, str) and r.reasons else str(r.verdict)
-        measured = _with_interval(r.speedup_vs_baseline, r.ci_low, r.ci_high)
+    for record in summary[summary.arm == "patched"].to_dict("records"):
+        # Columns a run may lack: an unprofiled run has no prediction, an older one no compile columns.
+        r = {k: record.get(k, math.nan) for k in _COLUMNS}
+        verdict = f"{r['verdict']} ({r['reasons']})" if isinstance(r["reasons"], str) and r["reasons"] else str(r["verdict"])
+        measured = _with_interval(r["speedup_vs_baseline"], r["ci_low"], r["ci_high"])
         if "sdpa" in arms:
-            vs_sdpa = _with_interval(r.speedup_vs_sdpa, r.sdpa_ci_low, r.sdpa_ci_high)
+            vs_sdpa = _with_interval(r["speedup_vs_sdpa"], r["sdpa_ci_low"], r["sdpa_ci_high"])
+        elif "sdpa" in asked:  # asked for but not built: the runner builds none when the baseline already is SDPA
+            vs_sdpa = measured if measured == "-" else f"{measured} (baseline is stock SDPA)"
         else:
-            vs_sdpa = f"{measured} (baseline is stock SDPA)"
-        vs_compile = _with_interval(getattr(r, "speedup_vs_compile", float("nan")),
-                                    getattr(r, "compile_ci_low", float("nan")),
-                                    getattr(r, "compile_ci_high", float("nan")))
-        if "compile" not in arms:
+            vs_sdpa = "no sdpa arm"
+        if "compile" in arms:
+            vs_compile = _with_interval(r["speedup_vs_compile"], r["compile_ci_low"], r["compile_ci_high"])
+        else:
             vs_compile = "no compile arm"
-        out.append(f"| {r.workload} | {_x(r.predicted_speedup)} | {measured} | {verdict} | {vs_sdpa} | {vs_compile} |")
+        out.append(f"| {r['workload']} | {_x(r['predicted_speedup'])} | {measured} | {verdict} | {vs_sdpa} | {vs_compile} |")
     return out
 
 

@@ -40,3 +40,19 @@ def test_a_folder_that_is_not_a_run_is_a_one_line_error(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "summary.parquet" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_an_unprofiled_run_without_reference_arms_has_no_prediction_and_no_references():
+    # 2026-12-02 llama-1b: --reference none --no-profile, so summary.parquet has no predicted_speedup column and
+    # no sdpa arm was asked for: the baseline's attention is not known from the run, so no "baseline is SDPA".
+    done = run(str(REPORTS / "2026-12-02-h200-llama-1b-rmsnorm"))
+    assert done.returncode == 0, done.stderr
+    train = next(line for line in done.stdout.splitlines() if line.startswith("| train "))
+    assert train == "| train | - | 1.072x [1.069, 1.075] | PASS (FASTER) | no sdpa arm | no compile arm |"
+
+
+def test_a_baseline_that_already_is_sdpa_is_named_so():
+    done = run(str(REPORTS / "2026-12-03-h200-gpt2-fastgelu-references"))
+    assert done.returncode == 0, done.stderr
+    train = next(line for line in done.stdout.splitlines() if line.startswith("| train "))
+    assert "| 1.128x [1.117, 1.139] (baseline is stock SDPA) | 0.528x [0.523, 0.533] |" in train
