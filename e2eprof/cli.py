@@ -6,6 +6,7 @@ Exit codes: 0 PASS, 1 FAIL, 3 INCONCLUSIVE (worst over workloads), 2 bad usage, 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import signal
@@ -17,7 +18,8 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from e2eprof import interrupt, startup
+from e2eprof import catalog, interrupt, startup
+from e2eprof.config import CompareConfig, DeviceDefaults
 from e2eprof.errors import E2EProfError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -50,41 +52,82 @@ def _values(option: str, value: str | None, kind: type = str):
     return values[0] if len(values) == 1 else values
 
 
+# Help texts are built from the same catalog `e2eprof list` reads and from the defaults a run really uses, so a new
+# preset, patch or default shows up here without anyone editing a string.
+_GPU, _CPU = DeviceDefaults.for_device("cuda"), DeviceDefaults.for_device("cpu")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(CompareConfig)}
+
+
+def _by_device(field: str, show=str) -> str:
+    """'(default: 40 on GPU, 6 on CPU)' for a default that depends on the device."""
+    gpu, cpu = show(getattr(_GPU, field)), show(getattr(_CPU, field))
+    return f"(default: {gpu})" if gpu == cpu else f"(default: {gpu} on GPU, {cpu} on CPU)"
+
+
+def _arms(arms) -> str:
+    return ",".join(arms) or "none"
+
+
+def _listed(names) -> str:
+    return ", ".join(names)
+
+
+MODEL_HELP = f"Preset ({_listed(catalog.model_presets())}) or a local Hugging Face folder (config.json + *.safetensors)."
+PATCH_HELP = ("Patch: built-in (" + _listed(catalog.builtin_patches() + catalog.installed_patches())
+              + "), file.py[:NAME] or package.module:NAME.")
+WORKLOAD_HELP = f"{_listed(catalog.workloads())} (repeat or comma-separate)."
+DEVICE_HELP = "auto (a GPU when one is visible), cpu, cuda or cuda:N."
+BATCH_HELP = f"Batch size, or a list such as 1,8,32 to sweep {_by_device('batch')}."
+SEQ_HELP = (f"Sequence length, or a list such as 128,512 to sweep {_by_device('seq')}; never longer than the "
+            f"model's position table.")
+STEPS_HELP = f"Timed warm steps per arm and workload before adaptive extension {_by_device('steps')}."
+BLOCK_STEPS_HELP = f"Steps per interleaved block {_by_device('block_steps')}."
+DTYPE_HELP = f"Autocast dtype: {_listed(catalog.precisions())}, or a list to sweep {_by_device('precision')}."
+NEW_TOKENS_HELP = f"Tokens to generate per step in the generate workload {_by_device('new_tokens')}."
+REFERENCE_HELP = (f"Stock reference arms: {_listed(catalog.reference_arms())}, or none "
+                  f"{_by_device('reference_arms', _arms)}.")
+MIN_SPEEDUP_HELP = f"PASS needs the speedup interval's lower bound above 1 + this (default: {_DEFAULTS['min_speedup']})."
+BUDGET_HELP = (f"Adaptive length: seconds of timed steps per workload to spend reaching --target-ci; 0 = fixed --steps "
+               f"{_by_device('budget_seconds', lambda v: f'{v:g}')}.")
+TARGET_CI_HELP = (f"Stop adding blocks once the speedup interval's half-width is under this fraction "
+                  f"(default: {_DEFAULTS['target_half_width']}).")
 PROCESS_NOISE_HELP = ("Between-process spread (relative SD of an A/A ratio beyond its interval) folded into every "
-                      "interval; default measured per device (H200: 0.0044), 0 = off. "
+                      f"interval, 0 = off {_by_device('process_noise', lambda v: f'{v:g}')}; "
                       "benchmarks/self_benchmark.py --part aa measures yours.")
-REPLICAS_HELP = ("Identical worker processes for the baseline and the candidate arm each (default: 2 on GPU, 1 on CPU); "
-                 "each process has its own step-time offset, and N per arm shrink that part of the interval by sqrt(N).")
+REPLICAS_HELP = ("Identical worker processes for the baseline and the candidate arm each "
+                 f"{_by_device('replicas')}; each process has its own step-time offset, and N per arm shrink that "
+                 "part of the interval by sqrt(N).")
+OUT_HELP = "Report directory (default: reports/<UTC time>-<model>-<patch>/ under the working directory)."
 
 
 @app.command()
 def compare(
-    model: Annotated[str, typer.Option(help="Preset (gpt2, gpt2-medium, gpt2-tiny) or a local Hugging Face folder.")] = "gpt2",
-    patch: Annotated[str, typer.Option(help="Patch: built-in name, file.py[:NAME] or package.module:NAME.")] = "fastsoftmax",
-    workload: Annotated[Optional[list[str]], typer.Option(help="train, infer, generate (repeat or comma-separate; default all).")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    batch: Annotated[Optional[str], typer.Option(help="Batch size, or a list such as 1,8,32 to sweep (default: 8 on GPU, 1 on CPU).")] = None,
-    seq: Annotated[Optional[str], typer.Option(help="Sequence length, or a list such as 128,512 to sweep (default: 1024 on GPU, 64 on CPU).")] = None,
-    steps: Annotated[Optional[int], typer.Option(help="Timed warm steps per arm and workload.")] = None,
-    block_steps: Annotated[Optional[int], typer.Option(help="Steps per interleaved block.")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="Autocast dtype: bf16, fp16 or fp32, or a list to sweep (default: bf16 on GPU, fp32 on CPU).")] = None,
-    new_tokens: Annotated[Optional[int], typer.Option(help="Tokens to generate in the generate workload.")] = None,
+    model: Annotated[str, typer.Option(help=MODEL_HELP)] = "gpt2",
+    patch: Annotated[str, typer.Option(help=PATCH_HELP)] = "fastsoftmax",
+    workload: Annotated[Optional[list[str]], typer.Option(help=WORKLOAD_HELP + " (default: train,infer,generate)")] = None,
+    device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "auto",
+    batch: Annotated[Optional[str], typer.Option(help=BATCH_HELP)] = None,
+    seq: Annotated[Optional[str], typer.Option(help=SEQ_HELP)] = None,
+    steps: Annotated[Optional[int], typer.Option(help=STEPS_HELP)] = None,
+    block_steps: Annotated[Optional[int], typer.Option(help=BLOCK_STEPS_HELP)] = None,
+    dtype: Annotated[Optional[str], typer.Option(help=DTYPE_HELP)] = None,
+    new_tokens: Annotated[Optional[int], typer.Option(help=NEW_TOKENS_HELP)] = None,
     seed: Annotated[int, typer.Option(help="Seed for weights and batches.")] = 0,
-    reference: Annotated[Optional[list[str]], typer.Option(help="Stock reference arms: sdpa, compile, or none (default: sdpa,compile on GPU, sdpa on CPU).")] = None,
-    min_speedup: Annotated[Optional[float], typer.Option(help="PASS needs the speedup interval's lower bound above 1 + this (default 0.01).")] = None,
-    budget: Annotated[Optional[float], typer.Option(help="Adaptive length: seconds of timed steps per workload to spend reaching --target-ci (default: 60 on GPU, 0 = fixed --steps on CPU).")] = None,
-    target_ci: Annotated[Optional[float], typer.Option(help="Stop adding blocks once the speedup interval's half-width is under this fraction (default 0.01).")] = None,
+    reference: Annotated[Optional[list[str]], typer.Option(help=REFERENCE_HELP)] = None,
+    min_speedup: Annotated[Optional[float], typer.Option(help=MIN_SPEEDUP_HELP)] = None,
+    budget: Annotated[Optional[float], typer.Option(help=BUDGET_HELP)] = None,
+    target_ci: Annotated[Optional[float], typer.Option(help=TARGET_CI_HELP)] = None,
     process_noise: Annotated[Optional[float], typer.Option(help=PROCESS_NOISE_HELP)] = None,
     replicas: Annotated[Optional[int], typer.Option(help=REPLICAS_HELP)] = None,
-    policy: Annotated[Optional[Path], typer.Option(help="TOML file with sign-off thresholds (min_speedup, confidence, correction, target_ci, budget, ...); options given here win.")] = None,
-    aa: Annotated[bool, typer.Option("--aa", help="A/A calibration: time the baseline against a second identical baseline; must show no difference.")] = False,
-    out: Annotated[Optional[Path], typer.Option(help="Report directory (default reports/<UTC time>-<model>-<patch>/).")] = None,
+    policy: Annotated[Optional[Path], typer.Option(help="TOML file with sign-off thresholds (min_speedup, confidence, correction, target_ci, budget, ...); options given here win (default: none, the built-in thresholds).")] = None,
+    aa: Annotated[bool, typer.Option("--aa", help="A/A calibration: time the baseline against a second identical baseline; must show no difference (default: off).")] = False,
+    out: Annotated[Optional[Path], typer.Option(help=OUT_HELP)] = None,
     force: Annotated[bool, typer.Option(help="Overwrite an existing report directory.")] = False,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run in --out with the same options: finished (point, workload) units are kept, the rest run again from their start.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run in --out with the same options: finished (point, workload) units are kept, the rest run again from their start (default: off).")] = False,
     profile: Annotated[bool, typer.Option(help="Per-op profiling phase after timing.")] = True,
     trace: Annotated[bool, typer.Option(help="Also write a gzipped Chrome trace per arm and workload (size-capped).")] = False,
     microbench: Annotated[bool, typer.Option(help="After timing, microbenchmark the replaced op alone on the shapes the model called it with (microbench/<point>/microbench.parquet).")] = False,
-    find_max_batch: Annotated[bool, typer.Option("--find-max-batch", help="Instead of timing: the largest batch each arm runs (one train and infer step) without running out of memory, per --seq and --dtype.")] = False,
+    find_max_batch: Annotated[bool, typer.Option("--find-max-batch", help="Instead of timing: the largest batch each arm runs (one train and infer step) without running out of memory, per --seq and --dtype (default: off).")] = False,
     max_batch: Annotated[int, typer.Option(help="Largest batch --find-max-batch tries.")] = 1024,
     nproc: Annotated[int, typer.Option(help="Ranks per arm: > 1 launches each arm with torchrun for --workload train-ddp or train-fsdp (--batch is per rank).")] = 1,
     nnodes: Annotated[int, typer.Option(help="Nodes of a data-parallel run (passed to torchrun; needs --rdzv-endpoint).")] = 1,
@@ -108,21 +151,21 @@ def compare(
 
 @app.command()
 def calibrate(
-    model: Annotated[str, typer.Option(help="Preset or a local Hugging Face folder.")] = "gpt2",
-    patch: Annotated[str, typer.Option(help="The comparison whose baseline is calibrated (its attention implementation is used).")] = "fastsoftmax",
-    workload: Annotated[Optional[list[str]], typer.Option(help="train, infer, generate (default: train).")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    batch: Annotated[Optional[int], typer.Option(help="Batch size.")] = None,
-    seq: Annotated[Optional[int], typer.Option(help="Sequence length.")] = None,
-    steps: Annotated[Optional[int], typer.Option(help="Timed warm steps per arm and workload.")] = None,
-    block_steps: Annotated[Optional[int], typer.Option(help="Steps per interleaved block.")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="Autocast dtype: bf16, fp16 or fp32.")] = None,
+    model: Annotated[str, typer.Option(help=MODEL_HELP)] = "gpt2",
+    patch: Annotated[str, typer.Option(help="The comparison whose baseline is calibrated (its attention implementation is used). " + PATCH_HELP)] = "fastsoftmax",
+    workload: Annotated[Optional[list[str]], typer.Option(help=WORKLOAD_HELP + " (default: train)")] = None,
+    device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "auto",
+    batch: Annotated[Optional[int], typer.Option(help=f"Batch size {_by_device('batch')}.")] = None,
+    seq: Annotated[Optional[int], typer.Option(help=f"Sequence length {_by_device('seq')}.")] = None,
+    steps: Annotated[Optional[int], typer.Option(help=STEPS_HELP)] = None,
+    block_steps: Annotated[Optional[int], typer.Option(help=BLOCK_STEPS_HELP)] = None,
+    dtype: Annotated[Optional[str], typer.Option(help=f"Autocast dtype: {_listed(catalog.precisions())} {_by_device('precision')}.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for weights and batches.")] = 0,
-    budget: Annotated[Optional[float], typer.Option(help="Seconds of timed steps per workload (see compare).")] = None,
+    budget: Annotated[Optional[float], typer.Option(help=BUDGET_HELP)] = None,
     process_noise: Annotated[Optional[float], typer.Option(help=PROCESS_NOISE_HELP)] = None,
     replicas: Annotated[Optional[int], typer.Option(help=REPLICAS_HELP)] = None,
-    policy: Annotated[Optional[Path], typer.Option(help="TOML file with sign-off thresholds.")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Report directory.")] = None,
+    policy: Annotated[Optional[Path], typer.Option(help="TOML file with sign-off thresholds (default: none, the built-in thresholds).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help=OUT_HELP)] = None,
     force: Annotated[bool, typer.Option(help="Overwrite an existing report directory.")] = False,
 ) -> int:
     """A/A run (the same stock arm in two processes): PASS means no false difference; shows the noise floor."""
@@ -187,7 +230,7 @@ def _stop_once(signum, frame) -> None:
 
 
 def _run(config, resume: bool = False) -> int:
-    from e2eprof.console import ConsoleEvents, print_summary
+    from e2eprof.console import ConsoleEvents, print_outcome, print_summary
     from e2eprof.runner import compare as run_compare
 
     events = ConsoleEvents(err_console)
@@ -223,22 +266,23 @@ def _run(config, resume: bool = False) -> int:
                     f"nothing to resume")
         return report.exit_code
     print_summary(out_console, report.summary, report.verdicts, report.run_dir)
+    print_outcome(out_console, report.overall, report.exit_code, config.device)
     return report.exit_code
 
 
 @app.command("microbench")
 def microbench(
-    patch: Annotated[str, typer.Option(help="Patch: built-in name, file.py[:NAME] or package.module:NAME.")] = "fastsoftmax",
-    model: Annotated[Optional[str], typer.Option(help="Model whose calls are captured (default: from the patch's architectures, e.g. gpt2).")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    batch: Annotated[Optional[int], typer.Option(help="Batch size of the captured steps (default: 8 on GPU, 1 on CPU).")] = None,
-    seq: Annotated[Optional[int], typer.Option(help="Sequence length of the captured steps (default: 1024 on GPU, 64 on CPU).")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="Autocast dtype of the captured steps: bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU).")] = None,
+    patch: Annotated[str, typer.Option(help=PATCH_HELP)] = "fastsoftmax",
+    model: Annotated[Optional[str], typer.Option(help=f"Model whose calls are captured: {_listed(catalog.model_presets())} or a local folder (default: the first preset of the patch's architectures, e.g. gpt2).")] = None,
+    device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "auto",
+    batch: Annotated[Optional[int], typer.Option(help=f"Batch size of the captured steps {_by_device('batch')}.")] = None,
+    seq: Annotated[Optional[int], typer.Option(help=f"Sequence length of the captured steps {_by_device('seq')}.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help=f"Autocast dtype of the captured steps: {_listed(catalog.precisions())} {_by_device('precision')}.")] = None,
     trials: Annotated[int, typer.Option(help="Timed calls per shape, impl and pass (>= 30).")] = 30,
     sweep: Annotated[bool, typer.Option(help="Also sweep sizes and dtypes around the model's shapes.")] = True,
-    compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Time torch.compile of the stock op (default: on GPU only).")] = None,
+    compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Time torch.compile of the stock op (default: --compile on GPU, --no-compile on CPU).")] = None,
     seed: Annotated[int, typer.Option(help="Seed for weights, batches and random inputs.")] = 0,
-    out: Annotated[Optional[Path], typer.Option(help="Report directory (default reports/<UTC time>-microbench-<patch>/).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Report directory (default: reports/<UTC time>-microbench-<patch>/ under the working directory).")] = None,
     force: Annotated[bool, typer.Option(help="Overwrite an existing report directory.")] = False,
 ) -> int:
     """The replaced op alone on the model's own calls (plus a sweep): replacement vs eager vs torch.compile."""
@@ -286,18 +330,16 @@ def report(
 @app.command("list")
 def list_things() -> int:
     """Show models, workloads and patches, with where each comes from."""
-    from e2eprof.config import KNOWN_WORKLOADS
-    from e2eprof.registry import BUILTIN_PATCHES, _entry_points, load_patch
-    from e2eprof.workloads.models import PRESETS
+    from e2eprof.registry import _entry_points, load_patch
 
-    out_console.print("models:    " + ", ".join(PRESETS) + ", or a local folder (config.json + *.safetensors)")
-    out_console.print("workloads: " + ", ".join(KNOWN_WORKLOADS) + " (train-ddp, train-fsdp: with --nproc N)")
+    out_console.print("models:    " + ", ".join(catalog.model_presets()) + ", or a local folder (config.json + *.safetensors)")
+    out_console.print("workloads: " + ", ".join(catalog.workloads()) + " (train-ddp, train-fsdp: with --nproc N)")
     out_console.print("patches:")
-    for name in BUILTIN_PATCHES:
+    for name in catalog.builtin_patches():
         loaded = load_patch(name)
-        out_console.print(f"  {name:<14} builtin      {loaded.patch.description}")
+        out_console.print(f"  {name:<16} builtin      {loaded.patch.description}")
     for name, ep in _entry_points().items():
-        out_console.print(f"  {name:<14} entry point  {ep.value}")
+        out_console.print(f"  {name:<16} entry point  {ep.value}")
     return 0
 
 

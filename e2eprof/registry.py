@@ -68,7 +68,14 @@ def source_hash(patch: Patch) -> str:
 
 def _one_line(exc: BaseException) -> str:
     """'Type: message' on one line (user code may raise multi-line messages; a PatchError is one line)."""
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+# What importing user code may raise that is the code's fault, not ours: any error, and also SystemExit (a patch
+# file that calls sys.exit() or exit() at import would otherwise end e2eprof with exit code 0 and no output).
+# KeyboardInterrupt is the user's and stays one.
+USER_CODE_ERRORS = (Exception, SystemExit)
 
 
 def _patches_in(namespace: dict, where: str) -> list[Patch]:
@@ -99,7 +106,7 @@ def _load_file(path: Path) -> dict:
     sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # any error in user code is a usage error about that file
+    except USER_CODE_ERRORS as exc:  # any error in user code is a usage error about that file
         sys.modules.pop(module_name, None)
         raise PatchError(f"patch file {path} failed to import: {_one_line(exc)}") from None
     return vars(module)
@@ -108,7 +115,7 @@ def _load_file(path: Path) -> dict:
 def _import_attr(module_name: str, attr: str | None, spec: str) -> list[Patch] | Patch:
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:
+    except USER_CODE_ERRORS as exc:
         raise PatchError(f"patch '{spec}': module '{module_name}' failed to import: {_one_line(exc)}") from None
     if attr is None:
         return _patches_in(vars(module), f"module {module_name}")
@@ -138,7 +145,7 @@ def load_patch(spec: str) -> LoadedPatch:
         ep = entry_points[spec]
         try:
             value = ep.load()
-        except Exception as exc:
+        except USER_CODE_ERRORS as exc:
             raise PatchError(f"patch '{spec}' (entry point {ep.value}) failed to load: {_one_line(exc)}") from None
         if not isinstance(value, Patch):
             raise PatchError(f"entry point '{spec}' ({ep.value}) is not an e2eprof.patch.Patch")

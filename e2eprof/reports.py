@@ -23,6 +23,10 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "steps": ("run_id", "workload", "arm", "block", "step", "rank", "phase", "wall_ns", "device_ms", "start_unix_ns",
               "end_unix_ns", "ttft_ms", "tpot_ms"),
     "correctness": ("run_id", "workload", "arm", "tensor", "metric", "value", "tolerance", "passed", "detail"),
+    # Per-op and per-kernel rows of the profiles (a CPU run launches no kernels: its table has the columns, no rows).
+    "ops": ("run_id", "point", "workload", "arm", "rank", "module", "op", "input_shapes", "in_replaced", "direction",
+            "count", "self_device_us", "self_cpu_us", "kernels"),
+    "kernels": ("run_id", "point", "workload", "arm", "rank", "kernel", "op", "calls", "total_us", "median_us"),
     "summary": ("run_id", "workload", "arm", "n", "median_ms", "mean_ms", "p10_ms", "p90_ms", "iqr_ms", "cv",
                 "cold_ms", "speedup_vs_baseline", "ci_low", "ci_high", "mw_p", "speedup_vs_sdpa", "sdpa_ci_low",
                 "sdpa_ci_high", "correct", "verdict", "reasons"),
@@ -51,6 +55,14 @@ def write_table(out_dir: Path, name: str, rows: list[dict] | pd.DataFrame) -> Pa
         Path(tmp).unlink(missing_ok=True)
         raise
     return final
+
+
+def check_writable(folder: Path) -> None:
+    """Raise OSError unless a file can be created in `folder`: permissions alone do not tell (root ignores them,
+    read-only mounts and /proc refuse anyway), and finding out after an hour of measuring would lose it all."""
+    probe = Path(folder) / f".e2eprof-write-check-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    probe.write_bytes(b"")
+    probe.unlink()
 
 
 def read_table(run_dir: Path, name: str) -> pd.DataFrame:

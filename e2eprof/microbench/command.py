@@ -19,7 +19,7 @@ from e2eprof.microbench.bench import MIN_TRIALS, run_microbench
 from e2eprof.microbench.capture import AUTOCAST_DTYPES, capture_shapes, sweep_shapes
 from e2eprof.patching import check_model_fits
 from e2eprof.registry import load_patch
-from e2eprof.reports import to_json, write_table
+from e2eprof.reports import check_writable, to_json, write_table
 from e2eprof.workloads.loops import check_workloads
 from e2eprof.workloads.models import PRESETS, ModelLoadError, resolve_model
 
@@ -90,10 +90,15 @@ def _out_dir(config: MicrobenchConfig, patch_name: str) -> Path:
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in patch_name)
         out = Path(os.getcwd()) / "reports" / f"{stamp}-microbench-{safe}"
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out: {out} is a file, not a directory")
-    if out.is_dir() and any(out.iterdir()) and not config.force:
-        raise UsageError(f"--out: {out} already holds a report; use --force to overwrite it")
+    try:
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"--out: {out} is a file, not a directory")
+        if out.is_dir() and any(out.iterdir()) and not config.force:
+            raise UsageError(f"--out: {out} already holds a report; use --force to overwrite it")
+        out.mkdir(parents=True, exist_ok=True)
+        check_writable(out)
+    except OSError as exc:
+        raise UsageError(f"--out: cannot write reports to {out}: {exc.strerror or exc}") from None
     return out
 
 

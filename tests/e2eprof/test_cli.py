@@ -36,6 +36,25 @@ def no_safetensors_folder(tmp_path):
     return str(folder)
 
 
+def exiting_patch(tmp_path):
+    """A patch file that ends the interpreter at import: was exit code 0 and no output."""
+    path = tmp_path / "exits.py"
+    path.write_text("raise SystemExit\n")
+    return str(path)
+
+
+def truncated_safetensors_folder(tmp_path):
+    """A model folder whose weights file was cut short: was found only after three workers had started (exit 4)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path / "truncated-gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32, vocab_size=64, bos_token_id=63,
+                               eos_token_id=63)).save_pretrained(folder, safe_serialization=True)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    return str(folder)
+
+
 def policy_file(text):
     def write(tmp_path):
         path = tmp_path / "policy.toml"
@@ -68,6 +87,9 @@ CASES = [
     ("unknown-reference", {"reference": "sdpaa"}, ["--reference", "did you mean 'sdpa'"]),
     ("budget-negative", {"budget": "-5"}, ["--budget: must be between 0 and 86400"]),
     ("target-ci-too-wide", {"target-ci": "0.9"}, ["--target-ci: must be a fraction"]),
+    ("patch-exits-at-import", {"patch": exiting_patch}, ["exits.py failed to import: SystemExit"]),
+    ("out-unwritable", {"out": "/proc/e2eprof-test/report"}, ["--out: cannot write reports to /proc/e2eprof-test/report"]),
+    ("truncated-weights", {"model": truncated_safetensors_folder}, ["--model", "model.safetensors", "is not valid safetensors"]),
 ]
 
 
@@ -133,3 +155,41 @@ def test_an_in_process_call_records_its_own_command_line(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["self_benchmark.py", "--part", "aa"])
     assert cli.main(["calibrate", "--model", "gpt2-tiny", "--device", "cpu", "--seed", "3"]) == 0
     assert seen[0].command_line == "e2eprof calibrate --model gpt2-tiny --device cpu --seed 3"
+
+
+@pytest.mark.parametrize("command", ["compare", "calibrate", "microbench"])
+def test_every_option_shows_its_default(command):
+    """`--steps`, `--block-steps` and `--new-tokens` had no default in --help: they depend on the device, and the
+    help now says both. An option typer cannot show a default for (None, or a one-name flag) must say it itself."""
+    import typer
+
+    from e2eprof.cli import app
+
+    click_command = typer.main.get_command(app).commands[command]
+    missing = []
+    for param in click_command.params:
+        if param.name == "help" or not getattr(param, "help", None) and param.param_type_name == "argument":
+            continue
+        shown_by_typer = param.default is not None and not (param.is_flag and not param.secondary_opts)
+        if not shown_by_typer and "default" not in (param.help or ""):
+            missing.append(param.opts[0])
+    assert not missing, missing
+
+
+def test_help_names_every_model_patch_and_workload_e2eprof_list_shows(tmp_path):
+    from e2eprof import catalog
+
+    env = {k: v for k, v in os.environ.items()} | {"COLUMNS": "400"}
+    done = subprocess.run([sys.executable, "-m", "e2eprof", "compare", "--help"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    listed = e2eprof(["list"], cwd=tmp_path)
+    assert done.returncode == 0 and listed.returncode == 0, done.stderr + listed.stderr
+    for name in catalog.model_presets() + catalog.builtin_patches() + catalog.workloads():
+        assert name in done.stdout, name
+        assert name in listed.stdout, name
+    # the defaults of a GPU and of a CPU, as a run takes them
+    from e2eprof.config import DeviceDefaults
+
+    gpu, cpu = DeviceDefaults.for_device("cuda"), DeviceDefaults.for_device("cpu")
+    for field in ("steps", "new_tokens", "block_steps", "replicas"):
+        assert f"(default: {getattr(gpu, field)} on GPU, {getattr(cpu, field)} on CPU)" in done.stdout, field
