@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
+from e2eprof import worker_output
 from e2eprof.worker import WorkerSetup, worker_main
 
 
@@ -27,7 +28,8 @@ class ArmProcess:
         context = mp.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(target=worker_main, args=(child_conn, setup), name=f"e2eprof-{setup.arm.key}", daemon=True)
-        self._process.start()
+        with worker_output.relayed():  # its stderr goes through the parent's filter (third-party chatter out)
+            self._process.start()
         child_conn.close()
         self.failed: ArmFailed | None = None
         self._close_requested = False

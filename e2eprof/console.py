@@ -42,8 +42,10 @@ class ConsoleEvents:
                 self.console.print(f"  [dim]{arm}: model built in {build['build_s']:.1f} s{extra}[/dim]")
         elif kind == "timing":
             self._stop_bar()
+            # Only on a terminal: elsewhere (CI logs, files) a transient bar leaves nothing but empty lines.
             self.progress = Progress(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), console=self.console, transient=True)
+                                     TimeElapsedColumn(), console=self.console, transient=True,
+                                     disable=not self.console.is_terminal)
             self.progress.start()
             self.task = self.progress.add_task(f"{info['workload']}: timed blocks", total=info["total"])
         elif kind == "advance" and self.progress is not None:
@@ -154,9 +156,9 @@ def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_d
             console.print(f"  replaced op: {r.replaced_share * 100:.1f}% of the baseline step, {r.replaced_speedup:.2f}x faster in the "
                           f"profile -> predicted {r.predicted_speedup:.3f}x (bound {r.amdahl_bound:.3f}x), measured "
                           f"{r.speedup_vs_baseline:.3f}x: {r.cause}")
-            if "idle_share" in rows:
-                console.print("  GPU idle share: " + ", ".join(f"{a.arm} {a.idle_share:.2f}" for a in rows.itertuples()
-                                                            if not pd.isna(getattr(a, "idle_share", math.nan))))
+            idle = [f"{a.arm} {a.idle_share:.2f}" for a in rows.itertuples() if not pd.isna(getattr(a, "idle_share", math.nan))]
+            if idle:  # a device's idle time between kernels; a CPU run has none to show
+                console.print("  GPU idle share: " + ", ".join(idle))
         _print_memory(console, rows)
         _print_ranks(console, rows)
         _print_top_changes(console, run_dir, workload)
@@ -165,6 +167,20 @@ def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_d
             console.print(f"  verdict: [{VERDICT_STYLE[verdict.verdict]}]{verdict.verdict}[/] ({', '.join(verdict.reasons)})"
                           + (f" — {verdict.advice}" if verdict.advice else ""))
     console.print(f"report: {run_dir}")
+
+
+# What a verdict measured on a CPU is worth, said once at the end of every CPU run.
+CPU_CAVEAT = ("CPU run: these verdicts show the pipeline works, not what the kernel is worth on the device it will run "
+              "on; a CPU shared with other work moves step times by tens of percent, so sign off on a GPU run")
+
+
+def print_outcome(console: Console, overall: str, exit_code: int, device: str) -> None:
+    """The last lines of a run: on a CPU what its verdicts are worth, then the overall verdict and the exit code."""
+    if not str(device).startswith("cuda"):
+        console.print(CPU_CAVEAT, style="dim", highlight=False, soft_wrap=True)
+    style = VERDICT_STYLE.get(overall)
+    shown = f"[{style}]{overall}[/]" if style else overall
+    console.print(f"e2eprof: {shown} (exit code {exit_code})", highlight=False, soft_wrap=True)
 
 
 def _print_ranks(console: Console, rows: pd.DataFrame) -> None:

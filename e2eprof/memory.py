@@ -1,7 +1,9 @@
 """Peak memory per phase inside a worker: device (torch.cuda allocator) and host (resident set size).
 
 Device: torch.cuda.reset_peak_memory_stats at the start of a phase, max_memory_allocated / max_memory_reserved at
-its end. Host: Linux keeps a resettable high-water mark of the resident set (VmHWM; writing "5" to
+its end, and what was allocated and reserved as it began. The worker keeps these peaks the phase's own: it gives the
+allocator's cache back after each untimed check (correctness captures, the fp64 reference, the profile) and drops
+a workload's state (optimizer, gradients) once the workload is done, so no phase inherits another's memory. Host: Linux keeps a resettable high-water mark of the resident set (VmHWM; writing "5" to
 /proc/self/clear_refs resets it to the current RSS), so each phase gets its own peak; where that is not possible the
 process-lifetime peak from getrusage is reported instead and `host_rss_scope` says "process".
 
@@ -63,6 +65,12 @@ class MemoryTracker:
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
+        # What the phase found held when it began (the model, this workload's optimizer state, the allocator's
+        # cache), so a reader can tell the phase's own need from what it inherited.
+        start = {
+            "start_alloc_mb": torch.cuda.memory_allocated(self.device) / MB if cuda else math.nan,
+            "start_reserved_mb": torch.cuda.memory_reserved(self.device) / MB if cuda else math.nan,
+        }
         per_phase = _reset_hwm() and _read_hwm_mb() is not None
         try:
             yield
@@ -74,9 +82,10 @@ class MemoryTracker:
                 "host_peak_rss_mb": host if host is not None else math.nan,
             }
             old = self.peaks.get((workload, phase))
-            if old is not None:
+            if old is not None:  # a phase of several commands (timed blocks): the largest peak, the first start
                 seen = {k: v if math.isnan(old[k]) else max(v, old[k]) for k, v in seen.items()}
-            self.peaks[(workload, phase)] = seen | {"host_rss_scope": "phase" if per_phase else "process"}
+                start = {k: old[k] for k in start}
+            self.peaks[(workload, phase)] = seen | start | {"host_rss_scope": "phase" if per_phase else "process"}
 
     def rows(self) -> list[dict]:
         return [{"workload": w, "phase": p, **values} for (w, p), values in self.peaks.items()]

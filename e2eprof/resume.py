@@ -2,7 +2,8 @@
 
 A run is made of units, one per (sweep point, workload). When a unit has finished (timed, revalidated, profiled)
 the runner records it in run.parquet's `resume_json` (with what the tables cannot hold: why timing stopped, the
-profiles), in the same flush that writes its rows. Resuming keeps the rows of every recorded unit exactly as
+profiles' totals), in the same flush that writes its rows. A profile's per-op and per-kernel rows are not copied
+there: they are in ops.parquet and kernels.parquet already, and are read back from them on a resume. Resuming keeps the rows of every recorded unit exactly as
 they are and discards everything else of the earlier attempt: a unit that was half measured is rerun from its
 start in fresh worker processes, never pooled with the blocks of the process that was interrupted.
 """
@@ -28,6 +29,10 @@ OPTION = {"workloads": "--workload", "precision": "--dtype", "reference_arms": "
           "target_half_width": "--target-ci", "replicas": "--replicas"}
 # Tables whose rows belong to units (point and workload columns); the others are derived again at the end.
 UNIT_TABLES = ("steps", "correctness", "phases", "memory")
+# A profile's row lists, each written as its own table; resume_json holds the rest of the profile.
+PROFILE_TABLES = ("ops", "kernels")
+# Columns the runner adds to those rows when it writes the tables (the profile's own rows have none of them).
+IDENTITY_COLUMNS = {"run_id", "workload", "arm", "rank", "point", "batch", "seq", "precision"}
 
 
 def unit_key(point_id: str, workload: str) -> str:
@@ -71,7 +76,38 @@ def load(config: CompareConfig, patch_source_sha256: str | None) -> Prior:
     prior = Prior(out, row, units)
     if not prior.complete:
         prior.tables = _kept_rows(out, config, units)
+        _read_back_profile_rows(out, units)
     return prior
+
+
+def without_profile_rows(profile: dict) -> dict:
+    """A profile (ProfileResult dict, or a data-parallel arm's with by_rank) without its ops and kernels rows."""
+    slim = {k: v for k, v in profile.items() if k not in PROFILE_TABLES}
+    if profile.get("by_rank"):
+        slim["by_rank"] = [without_profile_rows(rank) for rank in profile["by_rank"]]
+    return slim
+
+
+def _read_back_profile_rows(out: Path, units: dict[str, dict]) -> None:
+    """Give the kept units' profiles their ops and kernels rows again, from the tables the earlier attempt wrote."""
+    from e2eprof.distributed.ranks import by_rank
+
+    tables = {name: reports.read_table(out, name) for name in PROFILE_TABLES if (out / f"{name}.parquet").exists()}
+    for key, unit in units.items():
+        point_id, workload = key.split("/")
+        for arm, profile in unit["profiles"].items():
+            for rank, result in by_rank(profile):
+                for name in PROFILE_TABLES:
+                    if name in result:  # written whole by an earlier e2eprof
+                        continue
+                    frame = tables.get(name)
+                    if frame is None or frame.empty:
+                        result[name] = []
+                        continue
+                    mine = frame[(frame["point"] == point_id) & (frame["workload"] == workload)
+                                 & (frame["arm"] == arm) & (frame["rank"] == rank)]
+                    own = [c for c in mine.columns if c not in IDENTITY_COLUMNS]
+                    result[name] = mine[own].to_dict("records")
 
 
 def _check_same(out: Path, recorded: dict, asked: dict) -> None:

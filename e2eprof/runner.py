@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from e2eprof import explain, interrupt, reports, startup, stats, telemetry
+from e2eprof import explain, interrupt, reports, startup, stats, telemetry, worker_output
 from e2eprof import resume as resume_run
 from e2eprof.arm_process import ArmFailed, ArmProcess
 from e2eprof.config import AA_ARM, CompareConfig, default_out_dir
@@ -74,14 +74,18 @@ def prepare_out_dir(config: CompareConfig) -> Path:
     """The run directory; refuses to mix a new run into an old one unless --force."""
     out = config.out or default_out_dir(config.model, config.patch, dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ"))
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out: {out} exists and is not a directory")
-    if out.exists() and any(out.iterdir()):
-        if not config.force:
-            raise UsageError(f"--out: {out} already holds a report ({run_progress(out)}); use --force to overwrite it")
-        for old in out.glob("*.parquet"):
-            old.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"--out: {out} exists and is not a directory")
+        if out.exists() and any(out.iterdir()):
+            if not config.force:
+                raise UsageError(f"--out: {out} already holds a report ({run_progress(out)}); use --force to overwrite it")
+            for old in out.glob("*.parquet"):
+                old.unlink()
+        out.mkdir(parents=True, exist_ok=True)
+        reports.check_writable(out)
+    except OSError as exc:
+        raise UsageError(f"--out: cannot write reports to {out}: {exc.strerror or exc}") from None
     return out
 
 
@@ -195,7 +199,8 @@ class _RunState:
     def finish_unit(self, workload: str) -> None:
         """This (point, workload) is done: recorded with its rows in the next flush, kept by a --resume."""
         timing = self.timing.get((self.point.id, workload))
-        profiles = {a: r for (p, w, a), r in self.profiles.items() if p == self.point and w == workload}
+        profiles = {a: resume_run.without_profile_rows(r) for (p, w, a), r in self.profiles.items()
+                    if p == self.point and w == workload}
         self.units[resume_run.unit_key(self.point.id, workload)] = {"timing": timing, "profiles": profiles}
         self.run_row["resume_json"] = reports.to_json(self.units)
 
@@ -443,6 +448,7 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
             firsts = {k: p for k, p in processes.items() if not is_replica(k)}
             for rows in _broadcast(firsts, state, "memory_peaks").values():
                 state.memory += [r for r in rows if r["workload"] == workload]
+            _broadcast(processes, state, "end_workload", workload=workload)
             state.finish_unit(workload)
             state.flush()
     finally:
@@ -452,6 +458,7 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
                 process.request_close()
             for process in processes.values():
                 process.close()
+            worker_output.drain()  # their last lines come before anything the parent prints next
         state.end_point()
         state.flush()
 

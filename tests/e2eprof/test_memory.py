@@ -99,3 +99,43 @@ def test_find_max_batch_finds_each_arms_limit(tmp_path):
     assert (table.seq == 16).all() and not table.capped.any()
     assert pd.read_parquet(out / "run.parquet").iloc[0].status == "complete"
     assert "patched fits batch 12, baseline 6" in result.stdout
+
+
+def _worker(tmp_path, device: str = "cpu", model: str = "gpt2-tiny", batch: int = 1, seq: int = 16):
+    from e2eprof.worker import ArmSpec, ArmWorker, WorkerSetup
+
+    worker = ArmWorker(WorkerSetup(arm=ArmSpec("baseline", "sdpa", False), model=model, patch_spec="fastsoftmax",
+                                   device=device, precision="fp32" if device == "cpu" else "bf16", seed=0,
+                                   batch=batch, seq=seq, new_tokens=2, scratch_dir=str(tmp_path)))
+    worker.build()
+    return worker
+
+
+def test_a_finished_workload_leaves_nothing_to_the_next(tmp_path):
+    """Memory reported for infer must not carry train's optimizer state and gradients (the H200 default run's infer
+    arms reported what train had left in their processes)."""
+    import gc
+    import weakref
+
+    worker = _worker(tmp_path)
+    worker.dispatch("cold", {"workload": "train"})
+    worker.dispatch("block", {"workload": "train", "block": 0, "steps": 2})
+    optimizer_state = [weakref.ref(t) for state in worker.workloads["train"].optimizer.state.values()
+                       for t in state.values() if isinstance(t, torch.Tensor)]
+    assert optimizer_state and any(p.grad is not None for p in worker.model.parameters())
+    assert worker.dispatch("end_workload", {"workload": "train"}) == {}
+    gc.collect()
+    assert "train" not in worker.workloads
+    assert all(p.grad is None for p in worker.model.parameters())
+    assert all(ref() is None for ref in optimizer_state), "the optimizer's state is still alive"
+    worker.dispatch("cold", {"workload": "infer"})  # the next workload starts from the model and batches only
+    rows = {(r["workload"], r["phase"]): r for r in worker.memory_peaks()}
+    assert {"start_alloc_mb", "start_reserved_mb"} <= set(rows[("infer", "cold")])
+
+
+def test_memory_rows_say_what_each_phase_began_with():
+    tracker = MemoryTracker(torch.device("cpu"))
+    with tracker.phase("train", "timing"):
+        pass
+    row = tracker.rows()[0]
+    assert math.isnan(row["start_alloc_mb"]) and math.isnan(row["start_reserved_mb"])  # no device allocator on CPU

@@ -130,3 +130,28 @@ def test_resume_needs_an_earlier_run(tmp_path):
                            "--device", "cpu", "--out", str(tmp_path / "none"), "--resume"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--resume needs --out" in done.stderr, done.stderr
+
+
+def test_a_resume_reads_the_profiles_rows_back_from_their_tables(tmp_path):
+    """resume_json holds a profile's totals only; its per-op rows come back from ops.parquet, so the explanation
+    of a kept unit after a resume is the one the uninterrupted run wrote."""
+    out = tmp_path / "report"
+    args = ["compare", "--model", "gpt2-tiny", "--patch", "fastsoftmax", "--workload", "infer", "--steps", "4",
+            "--block-steps", "2", "--batch", "1", "--seq", "16", "--reference", "none", "--device", "cpu",
+            "--out", str(out)]
+    assert main(args) in (0, 1, 3)
+    explained = pd.read_parquet(out / "explain.parquet")
+    summary = pd.read_parquet(out / "summary.parquet")
+    assert len(explained) == 1 and summary.predicted_speedup.notna().any()
+    # As if interrupted after its last unit was recorded: derived tables gone, status not complete.
+    run = pd.read_parquet(out / "run.parquet")
+    run.loc[0, "status"] = "interrupted"
+    run.to_parquet(out / "run.parquet", index=False)
+    for name in ("explain", "opdiff", "summary"):
+        (out / f"{name}.parquet").unlink()
+
+    assert main([*args, "--resume"]) in (0, 1, 3)
+
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "explain.parquet"), explained)
+    again = pd.read_parquet(out / "summary.parquet")
+    pd.testing.assert_series_equal(again.predicted_speedup, summary.predicted_speedup)

@@ -136,7 +136,7 @@ def _fwd_bwd_against_reference(x_leaf, view, normalized_shape, weight, bias, eps
         _assert_matches(got, want, tol_bwd)
 
 
-@pytest.mark.parametrize("name,shape,normalized_shape,view,x_dtype,p_dtype,out_dtype,affine", _cases())
+@pytest.mark.parametrize("name,shape,normalized_shape,view,x_dtype,p_dtype,out_dtype,affine", list(_cases()))
 def test_forward_backward(impl, name, shape, normalized_shape, view, x_dtype, p_dtype, out_dtype, affine):
     _skip_unsupported(impl, x_dtype, p_dtype, out_dtype)
     x_leaf = _randn(shape, x_dtype, seed=0, scale=2.0, shift=0.5).requires_grad_()
