@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
-from e2eprof import worker_output
+from e2eprof import isolation, worker_output
 from e2eprof.worker import WorkerSetup, worker_main
 
 
@@ -28,7 +28,9 @@ class ArmProcess:
         context = mp.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(target=worker_main, args=(child_conn, setup), name=f"e2eprof-{setup.arm.key}", daemon=True)
-        with worker_output.relayed():  # its stderr goes through the parent's filter (third-party chatter out)
+        # Its stderr goes through the parent's filter (third-party chatter out); its OpenMP settings must be in its
+        # environment before it loads torch.
+        with worker_output.relayed(), isolation.environment(setup.placement.environment()):
             self._process.start()
         child_conn.close()
         self.failed: ArmFailed | None = None

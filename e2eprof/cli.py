@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 
 from e2eprof import catalog, interrupt, startup
-from e2eprof.config import CompareConfig, DeviceDefaults
+from e2eprof.config import DEFAULT_WORKLOADS, CompareConfig, DeviceDefaults
 from e2eprof.errors import E2EProfError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -83,7 +83,7 @@ SEQ_HELP = (f"Sequence length, or a list such as 128,512 to sweep {_by_device('s
 STEPS_HELP = f"Timed warm steps per arm and workload before adaptive extension {_by_device('steps')}."
 BLOCK_STEPS_HELP = f"Steps per interleaved block {_by_device('block_steps')}."
 DTYPE_HELP = f"Autocast dtype: {_listed(catalog.precisions())}, or a list to sweep {_by_device('precision')}."
-NEW_TOKENS_HELP = f"Tokens to generate per step in the generate workload {_by_device('new_tokens')}."
+NEW_TOKENS_HELP = f"Tokens to generate per step in the decode and generate workloads {_by_device('new_tokens')}."
 REFERENCE_HELP = (f"Stock reference arms: {_listed(catalog.reference_arms())}, or none "
                   f"{_by_device('reference_arms', _arms)}.")
 MIN_SPEEDUP_HELP = f"PASS needs the speedup interval's lower bound above 1 + this (default: {_DEFAULTS['min_speedup']})."
@@ -97,6 +97,9 @@ PROCESS_NOISE_HELP = ("Between-process spread (relative SD of an A/A ratio beyon
 REPLICAS_HELP = ("Identical worker processes for the baseline and the candidate arm each "
                  f"{_by_device('replicas')}; each process has its own step-time offset, and N per arm shrink that "
                  "part of the interval by sqrt(N).")
+ISOLATE_HELP = ("Worker isolation: all, none, or a comma list of cores (own CPU cores per worker), threads (intra-op "
+                "threads sized to them), passive (idle OpenMP threads sleep), gc (no garbage collection inside timed "
+                "steps) (default: all).")
 OUT_HELP = "Report directory (default: reports/<UTC time>-<model>-<patch>/ under the working directory)."
 
 
@@ -104,7 +107,7 @@ OUT_HELP = "Report directory (default: reports/<UTC time>-<model>-<patch>/ under
 def compare(
     model: Annotated[str, typer.Option(help=MODEL_HELP)] = "gpt2",
     patch: Annotated[str, typer.Option(help=PATCH_HELP)] = "fastsoftmax",
-    workload: Annotated[Optional[list[str]], typer.Option(help=WORKLOAD_HELP + " (default: train,infer,generate)")] = None,
+    workload: Annotated[Optional[list[str]], typer.Option(help=WORKLOAD_HELP + f" decode: static KV cache, one-token step in a CUDA graph, as served; generate: Hugging Face's dynamic cache (default: {','.join(DEFAULT_WORKLOADS)})")] = None,
     device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "auto",
     batch: Annotated[Optional[str], typer.Option(help=BATCH_HELP)] = None,
     seq: Annotated[Optional[str], typer.Option(help=SEQ_HELP)] = None,
@@ -119,6 +122,7 @@ def compare(
     target_ci: Annotated[Optional[float], typer.Option(help=TARGET_CI_HELP)] = None,
     process_noise: Annotated[Optional[float], typer.Option(help=PROCESS_NOISE_HELP)] = None,
     replicas: Annotated[Optional[int], typer.Option(help=REPLICAS_HELP)] = None,
+    isolate: Annotated[Optional[str], typer.Option(help=ISOLATE_HELP)] = None,
     policy: Annotated[Optional[Path], typer.Option(help="TOML file with sign-off thresholds (min_speedup, confidence, correction, target_ci, budget, ...); options given here win (default: none, the built-in thresholds).")] = None,
     aa: Annotated[bool, typer.Option("--aa", help="A/A calibration: time the baseline against a second identical baseline; must show no difference (default: off).")] = False,
     out: Annotated[Optional[Path], typer.Option(help=OUT_HELP)] = None,
@@ -137,13 +141,13 @@ def compare(
     references = _split(reference)
     config = _config(
         policy, model=model, patch=patch, device=device,
-        workloads=_split(workload) or (("train-ddp",) if nproc > 1 or nnodes > 1 else ("train", "infer", "generate")),
+        workloads=_split(workload) or (("train-ddp",) if nproc > 1 or nnodes > 1 else DEFAULT_WORKLOADS),
         batch=_values("--batch", batch, int), seq=_values("--seq", seq, int), steps=steps, block_steps=block_steps,
         precision=_values("--dtype", dtype), new_tokens=new_tokens, seed=seed, find_max_batch=find_max_batch,
         max_batch=max_batch,
         reference_arms=() if references == ("none",) else references, min_speedup=min_speedup,
         budget_seconds=budget, target_half_width=target_ci, aa=aa, process_noise=process_noise, replicas=replicas,
-        out=out, force=force, profile=profile, trace=trace, microbench=microbench,
+        isolate=isolate, out=out, force=force, profile=profile, trace=trace, microbench=microbench,
         nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
     )
     return _run(config, resume=resume)
@@ -164,6 +168,7 @@ def calibrate(
     budget: Annotated[Optional[float], typer.Option(help=BUDGET_HELP)] = None,
     process_noise: Annotated[Optional[float], typer.Option(help=PROCESS_NOISE_HELP)] = None,
     replicas: Annotated[Optional[int], typer.Option(help=REPLICAS_HELP)] = None,
+    isolate: Annotated[Optional[str], typer.Option(help=ISOLATE_HELP)] = None,
     policy: Annotated[Optional[Path], typer.Option(help="TOML file with sign-off thresholds (default: none, the built-in thresholds).")] = None,
     out: Annotated[Optional[Path], typer.Option(help=OUT_HELP)] = None,
     force: Annotated[bool, typer.Option(help="Overwrite an existing report directory.")] = False,
@@ -172,7 +177,7 @@ def calibrate(
     config = _config(
         policy, model=model, patch=patch, workloads=_split(workload) or ("train",), device=device, batch=batch, seq=seq,
         steps=steps, block_steps=block_steps, precision=dtype, seed=seed, budget_seconds=budget, aa=True,
-        process_noise=process_noise, replicas=replicas,
+        process_noise=process_noise, replicas=replicas, isolate=isolate,
         out=out, force=force, profile=False,
     )
     return _run(config)

@@ -8,11 +8,16 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from e2eprof import isolation
 from e2eprof.distributed.options import DISTRIBUTED_WORKLOAD_NAMES, LaunchSpec, check_launch, is_distributed
 from e2eprof.errors import UsageError
 from e2eprof.sweep import SweepPoint, as_tuple, grid
 
-WORKLOAD_NAMES = ("train", "infer", "generate")  # a single-process run's; the default
+# A single-process run's workloads. The default decodes as serving stacks do (static cache, CUDA graphs); "generate"
+# is Hugging Face's dynamic-cache decoding, host-bound, for comparison with what notebooks run.
+DEFAULT_WORKLOADS = ("train", "infer", "decode")
+WORKLOAD_NAMES = DEFAULT_WORKLOADS + ("generate",)
+DECODING_WORKLOADS = ("decode", "generate")  # they take --new-tokens and report TTFT and TPOT
 KNOWN_WORKLOADS = WORKLOAD_NAMES + DISTRIBUTED_WORKLOAD_NAMES
 PRECISIONS = ("bf16", "fp16", "fp32")
 
@@ -88,7 +93,7 @@ class CompareConfig:
 
     model: str
     patch: str
-    workloads: tuple[str, ...] = WORKLOAD_NAMES
+    workloads: tuple[str, ...] = DEFAULT_WORKLOADS
     device: str = "auto"
     # batch, seq and precision take one value or a list: a list of any of them makes a sweep over their grid
     batch: int | tuple[int, ...] | None = None
@@ -127,6 +132,7 @@ class CompareConfig:
     nproc: int = 1  # ranks per arm on this node: > 1 (or a train-ddp/train-fsdp workload) launches each arm with torchrun
     nnodes: int = 1  # passed through to torchrun, with rdzv_endpoint (HOST:PORT)
     rdzv_endpoint: str | None = None
+    isolate: str | tuple[str, ...] | None = None  # worker isolation parts (e2eprof.isolation); None: all of them
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -200,6 +206,10 @@ class CompareConfig:
             raise UsageError(f"--target-ci: must be a fraction such as 0.01, got {self.target_half_width}")
         if not 0 <= self.budget_seconds <= 86400:
             raise UsageError(f"--budget: must be between 0 and 86400 seconds, got {self.budget_seconds}")
+        try:
+            object.__setattr__(self, "isolate", isolation.parse(self.isolate))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         if not isinstance(self.max_blocks, int) or self.max_blocks < self.n_blocks:
             raise UsageError(f"max_blocks: must be an integer >= the {self.n_blocks} blocks --steps asks for, got {self.max_blocks!r}")
 
@@ -234,6 +244,7 @@ class CompareConfig:
         record["out"] = str(self.out) if self.out else None
         record["workloads"] = list(self.workloads)
         record["reference_arms"] = list(self.reference_arms)
+        record["isolate"] = list(self.isolate)
         return record
 
 

@@ -139,7 +139,7 @@ def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_d
         if "compile" in set(rows.arm):
             console.print(f"  compile: first step {_fmt(rows[rows.arm == 'compile'].iloc[0].get('cold_ms') / 1e3, '.1f')} s "
                           "(includes compilation; not in the step times)")
-        if workload == "generate" and "ttft_median_ms" in rows:
+        if workload in ("decode", "generate") and "ttft_median_ms" in rows:
             parts = [f"{r.arm}: TTFT {_fmt(r.ttft_median_ms)} ms, {_fmt(r.tpot_median_ms, '.3f')} ms/token" for r in rows.itertuples()]
             console.print("  " + "; ".join(parts))
         if candidate is not None and not pd.isna(candidate.get("ci_half_width", math.nan)):

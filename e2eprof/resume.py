@@ -28,7 +28,7 @@ IGNORED = {"out", "force", "command_line"}
 OPTION = {"workloads": "--workload", "precision": "--dtype", "reference_arms": "--reference", "budget_seconds": "--budget",
           "target_half_width": "--target-ci", "replicas": "--replicas"}
 # Tables whose rows belong to units (point and workload columns); the others are derived again at the end.
-UNIT_TABLES = ("steps", "correctness", "phases", "memory")
+UNIT_TABLES = ("steps", "correctness", "phases", "memory", "jit")
 # A profile's row lists, each written as its own table; resume_json holds the rest of the profile.
 PROFILE_TABLES = ("ops", "kernels")
 # Columns the runner adds to those rows when it writes the tables (the profile's own rows have none of them).

@@ -236,7 +236,7 @@ def comparison_identity(run: RunRecord, with_generate: bool) -> dict:
     # A local model folder is named by path only; its shape tells whether the two names hold the same model.
     for key in ("architecture", "n_layer", "n_params", "vocab_size"):
         identity[f"model {key}"] = run.model.get(key)
-    if with_generate:  # new_tokens only shapes the generate workload
+    if with_generate:  # new_tokens only shapes the decoding workloads
         identity["new_tokens"] = c.get("new_tokens")
     return identity
 
@@ -254,7 +254,7 @@ def identity_differences(a: RunRecord, b: RunRecord) -> list[str]:
     The grid counts as the same comparison while the two runs share at least one point: the common points are
     diffed and the others flagged (see point_flags). Grids with no point in common measure different shapes.
     """
-    with_generate = "generate" in a.workloads and "generate" in b.workloads
+    with_generate = any(w in a.workloads and w in b.workloads for w in ("decode", "generate"))
     ia, ib = comparison_identity(a, with_generate), comparison_identity(b, with_generate)
     shared_point = bool(set(a.points) & set(b.points))
     grid = ("batch", "seq", "dtype") if shared_point else ()

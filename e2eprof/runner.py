@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from e2eprof import explain, interrupt, reports, startup, stats, telemetry, worker_output
+from e2eprof import explain, interrupt, isolation, reports, startup, stats, telemetry, worker_output
 from e2eprof import resume as resume_run
 from e2eprof.arm_process import ArmFailed, ArmProcess
-from e2eprof.config import AA_ARM, CompareConfig, default_out_dir
+from e2eprof.config import AA_ARM, DECODING_WORKLOADS, CompareConfig, default_out_dir
 from e2eprof.correctness import compare_captures, op_check_rows
 from e2eprof.distributed import ranks as dp
 from e2eprof.distributed.launch import start_arm
@@ -36,7 +36,7 @@ from e2eprof.env import capture_environment
 from e2eprof.errors import RunError, UsageError
 from e2eprof.patching import call_check_rows, check_model_fits
 from e2eprof.registry import LoadedPatch, load_patch
-from e2eprof.summary import attach_memory, summarize, verdict_key
+from e2eprof.summary import attach_memory, summarize, summary_interval, verdict_key
 from e2eprof.sweep import SweepPoint, by_point, is_oom, oom_row, stamp
 from e2eprof.verdict import EXIT_CODES, Verdict, flag_implausible, worst
 from e2eprof.worker import ArmSpec, WorkerSetup, arm_of, is_replica, scratch_path
@@ -121,11 +121,12 @@ class _RunState:
         self.phases: list[dict] = []  # where the run's own wall time went (issue: timing should dominate)
         self.timing: dict[tuple[str, str], dict] = {}  # (point id, workload) -> blocks run, why timing stopped, seconds
         self.memory: list[dict] = []  # peak device/host memory per (point, workload, arm, phase)
+        self.jit: list[dict] = []  # just-in-time work per (point, workload, process, phase)
         # Workers are started afresh at every point, so arm_failures is per point; the past points' are kept here.
         self.point: SweepPoint | None = None
         self.failed_by_point: dict[str, set[str]] = {}
         self.out_of_memory: set[tuple[str, str]] = set()  # (arm, workload) that ran out of memory at this point
-        self._stamped = {"steps": 0, "correctness": 0, "phases": 0, "memory": 0}
+        self._stamped = {"steps": 0, "correctness": 0, "phases": 0, "memory": 0, "jit": 0}
         # --resume: rows of the units an earlier attempt finished, kept as written (resume.py), and those units
         # with what the tables cannot hold (why timing stopped, profiles), recorded in run.parquet's resume_json.
         self.prior: dict[str, pd.DataFrame] = {}
@@ -215,7 +216,7 @@ class _RunState:
             reports.write_table(self.out_dir, "telemetry", samples.assign(run_id=run_id))
             reports.write_table(self.out_dir, "blocks", by_point(steps, lambda s: per_rank(telemetry.block_energy, s, samples)).assign(run_id=run_id))
         reports.write_table(self.out_dir, "correctness", self._with_prior("correctness", self.correctness).assign(run_id=run_id))
-        for name in ("phases", "memory"):
+        for name in ("phases", "memory", "jit"):
             table = self._with_prior(name, getattr(self, name))
             if len(table):
                 reports.write_table(self.out_dir, name, table.assign(run_id=run_id))
@@ -371,7 +372,7 @@ def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = Fa
                     reports.write_table(out_dir, "balance", [r | {"run_id": run_id} for r in balance])
                 steps = state.all_rows("steps")
                 summary, verdicts = summarize(steps, state.all_rows("correctness"), config,
-                                              state.failed_by_point, balance, state.timing)
+                                              state.failed_by_point, balance, state.timing, jit=state.all_rows("jit"))
                 _explain_into(summary, state, run_id)
                 dp.attach_rank_columns(summary, steps, state.profiles)
                 _flag_implausible(summary, verdicts, config)
@@ -422,18 +423,24 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
     processes: dict[str, ArmProcess] = {}  # by process key: the arm's name, "<arm>#<replica>" for its replicas
     try:
         specs = _with_replicas(config, arms)
+        placements = isolation.plan(len(specs), config.isolate) if config.launch is None else [None] * len(specs)
+        asked = {arm.key: placement.describe() for arm, placement in zip(specs, placements) if placement is not None}
         with state.phase(events, "*", "start workers and build models", ", ".join(a.key for a in specs)):
-            for index, arm in enumerate(specs):
+            for index, (arm, placement) in enumerate(zip(specs, placements)):
                 processes[arm.key] = start_arm(WorkerSetup(
                     arm=arm, model=config.model, patch_spec=config.patch, device=config.device,
                     precision=config.precision, seed=config.seed, batch=config.batch, seq=config.seq,
-                    new_tokens=config.new_tokens, scratch_dir=str(scratch)), config.launch, index)
+                    new_tokens=config.new_tokens, scratch_dir=str(scratch),
+                    placement=placement or isolation.Placement()), config.launch, index)
             builds = _broadcast(processes, state, "build")
         if "baseline" not in builds:
             failure = state.arm_failures["baseline"]
             if is_oom(failure):
                 return  # recorded; the summary says OUT_OF_MEMORY for this point and the sweep goes on
             raise RunError(f"the baseline arm could not start: {failure}")
+        # What each process asked for and what took effect (the OS may refuse cores, a user's OMP_* setting wins).
+        state.run_row["isolation_json"] = reports.to_json(
+            {key: {"asked": asked.get(key), **builds[key].get("placement", {})} for key in builds})
         if state.run_row.get("model_json") is None:
             state.run_row["model_json"] = reports.to_json(builds["baseline"]["model"])
             state.run_row["batch_digest"] = builds["baseline"].get("batch_digest")
@@ -448,6 +455,8 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
             firsts = {k: p for k, p in processes.items() if not is_replica(k)}
             for rows in _broadcast(firsts, state, "memory_peaks").values():
                 state.memory += [r for r in rows if r["workload"] == workload]
+            for rows in _broadcast(processes, state, "jit_counts").values():  # every process: all of them were timed
+                state.jit += [r for r in rows if r["workload"] == workload]
             _broadcast(processes, state, "end_workload", workload=workload)
             state.finish_unit(workload)
             state.flush()
@@ -659,16 +668,16 @@ def _stop_reason(config, state, workload: str, blocks: int, elapsed: float) -> s
     here = state.point.id  # rows of earlier points carry their own id; this point's may not be stamped yet
     warm = dp.slowest_rank([s for s in state.steps if s["workload"] == workload and s["phase"] == "warm"
                             and s.get("point", here) == here])
-    base = [(s["wall_ns"], s["block"]) for s in warm if s["arm"] == "baseline"]
-    cand = [(s["wall_ns"], s["block"]) for s in warm if s["arm"] == candidate]
+    base = [s for s in warm if s["arm"] == "baseline"]
+    cand = [s for s in warm if s["arm"] == candidate]
     if len(base) >= 2 and len(cand) >= 2:
-        ci = stats.ratio_of_medians_ci([w for w, _ in base], [w for w, _ in cand], baseline_blocks=[b for _, b in base],
-                                       candidate_blocks=[b for _, b in cand], confidence=config.confidence,
-                                       n_boot=1000, seed=config.seed)
-        noise = stats.replicated_process_noise(config.process_noise, *(
-            stats.count_processes(s.get("replica") for s in warm if s["arm"] == arm) for arm in ("baseline", candidate)))
-        if stats.ci_halfwidth_rel(stats.with_process_noise(ci, noise)) <= config.target_half_width:
+        # The summary's own interval (its process noise included: the device's floor or what these replicas show),
+        # so timing stops on the interval the verdict will use.
+        whole = summary_interval(pd.DataFrame(base + cand), workload, config, candidate, n_boot=1000)
+        if stats.ci_halfwidth_rel(whole) <= config.target_half_width:
             return "target interval reached"
+        ci = stats.without_process_noise(whole)
+        noise = whole.process_noise
         # Precision, not the result, again: the within-run part of an interval narrows about as 1/sqrt(time) while
         # the process-noise part does not, so timing stops when even OUT_OF_REACH budgets would not bring the whole
         # interval to the target (host-bound decoding on the H200: +-7% after 30 s, which the 60 s budget cannot
@@ -838,7 +847,7 @@ def profile_steps_for(config: CompareConfig, workload: str) -> tuple[int, int]:
     on the H200 the default 2 + 3 steps of a 32-token decode took 110 s over three arms, a quarter of the whole
     run. One warm-up and one active step already hold new_tokens calls of every op, so decoding gets at most that.
     """
-    if workload == "generate":
+    if workload in DECODING_WORKLOADS:
         return min(config.profile_warmup, 1), min(config.profile_steps, 1)
     return config.profile_warmup, config.profile_steps
 

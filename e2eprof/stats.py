@@ -323,6 +323,85 @@ def count_processes(replicas) -> int:
     return max(len(ids), 1)
 
 
+@dataclass(frozen=True)
+class ProcessSpread:
+    """What a run's own processes say about how far identical processes land apart (JMH's forks, pyperf's workers).
+
+    estimate: the process noise the run's replicas imply, on process_noise's scale (relative SD of the log-ratio
+        between two single processes): sqrt(2) times the spread of per-process log medians within each arm, less
+        what their own steps explain. NaN when no arm ran in two processes or more.
+    df: the degrees of freedom behind it (sum over arms of processes - 1).
+    p_disagree: how likely replicas this far apart are if each process's offset had only the floor's spread and
+        its median only its steps' noise (chi-square test); NaN without df. A small value means the replicas
+        measured different things (a noisy neighbour, a process on a starved core) and no interval can be trusted.
+    """
+
+    estimate: float
+    df: int
+    p_disagree: float
+
+
+def _log_median_variance(samples: np.ndarray, blocks: np.ndarray | None, n_boot: int, rng: np.random.Generator) -> float:
+    """Bootstrap variance of one process's log median: its blocks resampled (its samples where blocks are few)."""
+    if blocks is not None:
+        ids = np.unique(blocks)
+        if ids.size >= 3:
+            m = _block_matrix(samples, blocks, ids)  # (B, k) NaN-padded
+            draw = rng.integers(0, ids.size, size=(n_boot, ids.size))
+            return float(np.var(np.log(_row_medians(m[draw].reshape(n_boot, -1))), ddof=1))
+    idx = rng.integers(0, samples.size, size=(n_boot, samples.size))
+    return float(np.var(np.log(np.median(samples[idx], axis=1)), ddof=1))
+
+
+def process_spread(processes: dict[str, list[tuple[np.ndarray, np.ndarray | None]]], floor: float,
+                   n_boot: int = 400, seed: int = 0) -> ProcessSpread:
+    """ProcessSpread of arms that each ran in one or more processes.
+
+    processes: arm -> one (samples, block labels or None) pair per process. floor: the device's process noise
+    (process_noise's scale), the spread identical processes are known to have.
+    """
+    rng = np.random.default_rng(seed)
+    squares, chi, df, within = 0.0, 0.0, 0, []
+    floor_var = (floor / math.sqrt(2)) ** 2  # one process's offset variance
+    for runs in processes.values():
+        runs = [(_as_samples(x, "samples"), b) for x, b in runs if len(x) >= 2]
+        if len(runs) < 2:
+            continue
+        logs = np.array([math.log(float(np.median(x))) for x, _ in runs])
+        var = np.array([_log_median_variance(x, None if b is None else np.asarray(b), n_boot, rng) for x, b in runs])
+        weights = 1.0 / (var + floor_var) if floor_var > 0 or np.all(var > 0) else np.ones_like(var)
+        centre = float(np.sum(weights * logs) / np.sum(weights))
+        chi += float(np.sum(weights * (logs - centre) ** 2))
+        squares += float(np.sum((logs - logs.mean()) ** 2))
+        within += var.tolist()
+        df += len(runs) - 1
+    if df == 0:
+        return ProcessSpread(estimate=math.nan, df=0, p_disagree=math.nan)
+    excess = squares / df - float(np.mean(within))
+    estimate = math.sqrt(2 * excess) if excess > 0 else 0.0
+    return ProcessSpread(estimate=estimate, df=df, p_disagree=chi2_sf(chi, df))
+
+
+def chi2_sf(x: float, df: int) -> float:
+    """P(X >= x) for X chi-square with integer df (closed forms: no scipy here)."""
+    if x <= 0:
+        return 1.0
+    half = x / 2
+    if df % 2 == 0:  # exp(-x/2) * sum_{k < df/2} (x/2)^k / k!
+        term, total = 1.0, 1.0
+        for k in range(1, df // 2):
+            term *= half / k
+            total += term
+        return min(1.0, math.exp(-half) * total)
+    # odd: erfc(sqrt(x/2)) + exp(-x/2) * sum_{k=1}^{(df-1)/2} (x/2)^(k-1/2) / Gamma(k+1/2)
+    total, term = math.erfc(math.sqrt(half)), math.sqrt(half) / math.gamma(1.5)
+    for k in range(1, (df - 1) // 2 + 1):
+        if k > 1:
+            term *= half / (k - 0.5)
+        total += math.exp(-half) * term
+    return min(1.0, total)
+
+
 def process_noise_half_width(process_noise: float, confidence: float = 0.95) -> float:
     """The relative half-width process noise alone gives an interval: the narrowest any run with these processes
     per arm can reach, however long it times (pass replicated_process_noise for more than one per arm)."""

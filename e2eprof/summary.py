@@ -15,15 +15,21 @@ import numpy as np
 import pandas as pd
 
 from e2eprof import stats
-from e2eprof.config import AA_ARM, CompareConfig
+from e2eprof.config import AA_ARM, DECODING_WORKLOADS, CompareConfig
 from e2eprof.distributed.ranks import slowest_rank
 from e2eprof.sweep import OOM_METRIC, OUT_OF_MEMORY, SweepPoint
-from e2eprof.verdict import INCONCLUSIVE, Verdict, decide, decide_aa
+from e2eprof.jit_events import COUNTS as COUNTED_JIT
+from e2eprof.verdict import (ARM_FAILED, INCONCLUSIVE, JIT_DURING_TIMING, NOT_CAPTURABLE, REPLICAS_DISAGREE, Verdict, decide, decide_aa,
+                             withhold_speed)
 
 KERNEL_PROOF_METRICS = ("patched_calls", "custom_kernel_calls", "profile_complete")
 ADJUSTERS = {"holm": stats.holm, "bh": stats.benjamini_hochberg, "none": lambda p: [float(x) for x in p]}
 MEMORY_COLUMNS = ("peak_alloc_mb", "peak_reserved_mb", "host_peak_rss_mb")
 MEMORY_PHASE = "timing"  # the summary's memory columns: peaks over the timed steps (memory.parquet has every phase)
+# Replicas whose medians lie this improbably far apart, given their steps' noise and the device's process noise, did
+# not measure the same thing: the workload gets no speed verdict. Rare by construction (1 in 1000 workloads of
+# well-behaved processes), so it flags a real fault: a starved core, a noisy neighbour, one process's clock.
+REPLICAS_ALPHA = 0.001
 
 
 def _at(frame: pd.DataFrame, point: SweepPoint) -> pd.DataFrame:
@@ -55,23 +61,45 @@ class _Workload:
     def __init__(self, frame: pd.DataFrame, workload: str, config: CompareConfig):
         self.name = workload
         self.config = config
+        self.candidate = AA_ARM if config.aa else "patched"
+        self._spread: stats.ProcessSpread | None = None
         mine = frame[frame.workload == workload] if len(frame) else frame
         warm = mine[mine.phase == "warm"] if len(mine) else mine
         self.cold = mine[mine.phase == "cold"] if len(mine) else mine
         self.arms = list(dict.fromkeys(warm.arm)) if len(warm) else []
         self.samples = {a: warm[warm.arm == a] for a in self.arms}
 
-    def ratio_ci(self, base_arm: str, cand_arm: str) -> stats.RatioCI | None:
+    def ratio_ci(self, base_arm: str, cand_arm: str, n_boot: int = 2000) -> stats.RatioCI | None:
         if base_arm not in self.samples or cand_arm not in self.samples:
             return None
         b, c = self.samples[base_arm], self.samples[cand_arm]
         within = stats.ratio_of_medians_ci(_ms(b), _ms(c), baseline_blocks=b.block.to_numpy(),
                                            candidate_blocks=c.block.to_numpy(), confidence=self.config.confidence,
-                                           seed=self.config.seed)
+                                           n_boot=n_boot, seed=self.config.seed)
         # Every arm runs in its own processes: what separates identical processes belongs in every interval, less
         # as each arm pools more of them.
-        noise = stats.replicated_process_noise(self.config.process_noise, self.processes(base_arm), self.processes(cand_arm))
+        noise = stats.replicated_process_noise(self.process_noise(), self.processes(base_arm), self.processes(cand_arm))
         return stats.with_process_noise(within, noise)
+
+    def spread(self) -> stats.ProcessSpread:
+        """What this run's own processes of the baseline and the candidate say about process noise (once per
+        workload: it is the machine's and the loop's property, the same for every interval of the workload)."""
+        if self._spread is None:
+            by_process = {}
+            for arm in ("baseline", self.candidate):
+                rows = self.samples.get(arm)
+                if rows is None or not len(rows):
+                    continue
+                groups = rows.groupby(rows["replica"].fillna(0)) if "replica" in rows else [(0, rows)]
+                by_process[arm] = [(_ms(g), g.block.to_numpy()) for _, g in groups]
+            self._spread = stats.process_spread(by_process, floor=self.config.process_noise, seed=self.config.seed)
+        return self._spread
+
+    def process_noise(self) -> float:
+        """The process noise every interval of this workload carries: the device's (a floor, measured once per
+        device type by A/A runs) or what this run's replicas show, whichever is larger."""
+        estimate = self.spread().estimate
+        return max(self.config.process_noise, estimate) if math.isfinite(estimate) else self.config.process_noise
 
     def processes(self, arm: str) -> int:
         """How many identical processes (replicas) timed this arm's warm steps."""
@@ -88,7 +116,7 @@ class _Workload:
         if "replica" in cold:  # the arm's first process: its cold step is the one the gate and profiles follow
             cold = cold[cold.replica.fillna(0) == 0]
         arm_samples = self.samples[arm]
-        generate = self.name == "generate"
+        generate = self.name in DECODING_WORKLOADS
         return {
             "workload": self.name, "arm": arm, "n": d["n"], "median_ms": d["median"], "mean_ms": d["mean"],
             "p10_ms": d["p10"], "p90_ms": d["p90"], "iqr_ms": d["iqr"], "cv": d["cv"],
@@ -102,6 +130,12 @@ class _Workload:
         }
 
 
+def summary_interval(steps: pd.DataFrame, workload: str, config: CompareConfig, candidate: str,
+                     n_boot: int = 2000) -> stats.RatioCI | None:
+    """The candidate's speedup interval over the baseline from warm steps, as the summary computes it."""
+    return _Workload(steps, workload, config).ratio_ci("baseline", candidate, n_boot=n_boot)
+
+
 def _arm_checks_pass(checks: pd.DataFrame, workload: str, arm: str) -> bool:
     if not len(checks):
         return False
@@ -111,14 +145,18 @@ def _arm_checks_pass(checks: pd.DataFrame, workload: str, arm: str) -> bool:
 
 def summarize(steps: list[dict], correctness: list[dict], config: CompareConfig,
               failed_arms: set[str] | dict[str, set[str]], balance: list[dict] | None = None,
-              timing: dict | None = None):
+              timing: dict | None = None, jit: list[dict] | None = None):
     """Summary rows per (point, workload, arm) and a Verdict per (point, workload), derived from the raw rows.
+
+    jit: just-in-time work per (point, workload, process, phase) (jit.parquet); any in the timed steps of the
+    baseline or the candidate withholds the workload's speed verdict (JIT_DURING_TIMING).
 
     failed_arms: arms that failed (not by running out of memory), for the whole run or per point id. timing: per
     (point id, workload), or per workload. Verdicts are keyed as verdict_key says.
     """
     all_steps = pd.DataFrame(slowest_rank(steps))  # a data-parallel step takes as long as its slowest rank
     all_checks = pd.DataFrame(correctness)
+    all_jit = pd.DataFrame(jit or [])
     candidate = AA_ARM if config.aa else "patched"
     rows: list[dict] = []
     per_test: dict[tuple[SweepPoint, str], dict] = {}
@@ -139,6 +177,9 @@ def summarize(steps: list[dict], correctness: list[dict], config: CompareConfig,
         failed = failed_arms.get(point.id, set()) if isinstance(failed_arms, dict) else set(failed_arms)
         verdict = (_out_of_memory_verdict(checks, workload, candidate, point)
                    or _decide_workload(workload, info, checks, config, failed, info["balance"], candidate))
+        verdict = _not_capturable(verdict, _at(all_checks, point), workload)
+        verdict = _replicas_finding(verdict, info["data"])
+        verdict = _jit_finding(verdict, _at(all_jit, point), workload, candidate)
         verdicts[verdict_key(config, point, workload)] = verdict
         placed = False
         for row in rows:
@@ -174,7 +215,10 @@ def _workload_rows(frame, checks, config, workload, candidate, balance, times) -
             row[f"{ref}_ci_low"] = ref_ci.low if on_candidate else math.nan
             row[f"{ref}_ci_high"] = ref_ci.high if on_candidate else math.nan
         if arm == candidate and ci is not None:
+            spread = data.spread()
             row["process_noise"] = ci.process_noise
+            row.update(process_noise_floor=config.process_noise, process_noise_estimate=spread.estimate,
+                       process_noise_df=spread.df, replicas_disagree_p=spread.p_disagree)
             row["ci_half_width"] = stats.ci_halfwidth_rel(ci)
             row["mde"] = stats.minimum_detectable_effect(ci)
             row.update({k: v for k, v in times.items() if k in ("stop_reason", "timing_s")})
@@ -194,6 +238,52 @@ def _out_of_memory_verdict(checks: pd.DataFrame, workload: str, candidate: str, 
     return Verdict(INCONCLUSIVE, [OUT_OF_MEMORY],
                    f"{arms} ran out of memory at {point.id} ({oom.detail.iloc[0]}); a smaller batch or seq would fit, "
                    "--find-max-batch finds the largest batch")
+
+
+def _replicas_finding(verdict: Verdict, data: "_Workload") -> Verdict:
+    """REPLICAS_DISAGREE when the processes of one arm disagree beyond their steps' noise and the process noise."""
+    spread = data.spread()
+    if not spread.p_disagree < REPLICAS_ALPHA:
+        return verdict
+    medians = "; ".join(
+        f"{arm}: " + ", ".join(f"{float(np.median(_ms(g))):.2f}" for _, g in data.samples[arm].groupby(
+            data.samples[arm]["replica"].fillna(0))) + " ms"
+        for arm in ("baseline", data.candidate) if arm in data.samples and "replica" in data.samples[arm])
+    return withhold_speed(verdict, REPLICAS_DISAGREE,
+                          f"identical processes of one arm disagree (per-process medians {medians}; chance "
+                          f"{spread.p_disagree:.1e} under their steps' noise and a process noise of "
+                          f"{data.config.process_noise:.2%}): the timing measured the machine, not the kernel; "
+                          f"rerun on a quieter host")
+
+
+def _not_capturable(verdict: Verdict, checks: pd.DataFrame, workload: str) -> Verdict:
+    """The patched arm failed because its decode step could not be captured in a CUDA graph: say that, not just
+    ARM_FAILED (a kernel that breaks graph capture cannot be deployed where decoding is served from graphs)."""
+    if not len(checks) or ARM_FAILED not in verdict.reasons:
+        return verdict
+    failed = checks[(checks.metric == "arm_failed") & (checks.arm == "patched") & checks.workload.isin([workload, "*"])]
+    capture = failed[failed.detail.str.contains("NotCapturable", regex=False)]
+    if not len(capture):
+        return verdict
+    reasons = [NOT_CAPTURABLE if r == ARM_FAILED else r for r in verdict.reasons]
+    return Verdict(verdict.verdict, reasons, capture.detail.iloc[0])
+
+
+def _jit_finding(verdict: Verdict, jit: pd.DataFrame, workload: str, candidate: str) -> Verdict:
+    """JIT_DURING_TIMING when the baseline's or the candidate's processes compiled, tuned or captured during timing."""
+    if not len(jit):
+        return verdict
+    timed = jit[(jit.workload == workload) & (jit.phase == "timing") & jit.arm.isin(["baseline", candidate])]
+    found = []
+    for name in COUNTED_JIT:
+        for arm, count in timed.groupby("arm", sort=False)[name].sum(min_count=1).items():
+            if count > 0:
+                found.append(f"{arm} {int(count)} {name.replace('_', ' ')}")
+    if not found:
+        return verdict
+    return withhold_speed(verdict, JIT_DURING_TIMING,
+                          f"just-in-time work inside timed steps ({', '.join(found)}): those steps timed a "
+                          f"compilation, not the kernel; warm-up must cover every shape the loop meets")
 
 
 def attach_memory(summary: list[dict], memory: list[dict]) -> None:

@@ -33,6 +33,11 @@ THROTTLED = "THROTTLED"
 NOT_SIGNIFICANT_AFTER_CORRECTION = "NOT_SIGNIFICANT_AFTER_CORRECTION"
 AA_FALSE_ALARM = "AA_FALSE_ALARM"
 IMPLAUSIBLE_GAIN = "IMPLAUSIBLE_GAIN"
+REPLICAS_DISAGREE = "REPLICAS_DISAGREE"  # identical processes of one arm measured different things
+JIT_DURING_TIMING = "JIT_DURING_TIMING"  # compilation, autotuning or graph capture inside timed steps
+NOT_CAPTURABLE = "NOT_CAPTURABLE"  # the patched decode step cannot run inside a CUDA graph, as serving stacks run it
+# Failures a verdict rests on timing for; the others (correctness, proof it ran, crashes) stand whatever the timing.
+SPEED_FAILURES = (SLOWER, AA_FALSE_ALARM)
 
 MIN_SAMPLES = 6
 
@@ -168,6 +173,24 @@ def flag_implausible(verdict: Verdict, detail: str) -> Verdict:
     if verdict.verdict == PASS:
         return Verdict(INCONCLUSIVE, [IMPLAUSIBLE_GAIN, *verdict.reasons], advice)
     return Verdict(verdict.verdict, [*verdict.reasons, IMPLAUSIBLE_GAIN], advice)
+
+
+def withhold_speed(verdict: Verdict, reason: str, detail: str) -> Verdict:
+    """A finding that leaves the timing untrustworthy (REPLICAS_DISAGREE, JIT_DURING_TIMING): the workload can
+    neither PASS nor FAIL on speed. A PASS, or a FAIL that rests only on speed (SLOWER, AA_FALSE_ALARM), becomes
+    INCONCLUSIVE; a FAIL on correctness or on the kernel's proof stands, with the reason added."""
+    if reason in verdict.reasons:
+        return verdict
+    advice = f"{detail}; {verdict.advice}" if verdict.advice else detail
+    rest = [r for r in verdict.reasons if r not in SPEED_FAILURES]
+    if verdict.verdict == PASS or (verdict.verdict == FAIL and any(r in SPEED_FAILURES for r in verdict.reasons)
+                                   and not _other_failures(rest)):
+        return Verdict(INCONCLUSIVE, [reason, *[r for r in rest if r != FASTER]], advice)
+    return Verdict(verdict.verdict, [*verdict.reasons, reason], advice)
+
+
+def _other_failures(reasons: list[str]) -> bool:
+    return any(r in (INCORRECT, KERNEL_NOT_RUN, BASELINE_CONTAMINATED, ARM_FAILED) for r in reasons)
 
 
 def worst(verdicts: list[str]) -> str:

@@ -7,7 +7,9 @@ fault) shows up in the parent as a closed pipe, and the parent keeps every other
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import math
 import os
 import signal
@@ -19,6 +21,9 @@ from pathlib import Path
 
 import torch
 
+from e2eprof import jit_events
+from e2eprof.config import DECODING_WORKLOADS
+from e2eprof.isolation import Placement, apply_in_worker, freeze_survivors, gc_off_the_clock
 from e2eprof.memory import MemoryTracker, check_test_limit, release
 from e2eprof.patching import AppliedPatch, apply_patch, check_model_fits
 from e2eprof.registry import load_patch
@@ -87,6 +92,7 @@ class WorkerSetup:
     seq: int
     new_tokens: int
     scratch_dir: str
+    placement: Placement = Placement()  # its cores, threads and gc policy (e2eprof.isolation)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -105,15 +111,25 @@ class ArmWorker:
         self.workloads: dict = {}
         self.step_counter: dict[str, int] = {}
         self.memory = MemoryTracker(self.device)
+        self.jit: dict[tuple[str, str], dict[str, float]] = {}  # (workload, phase) -> jit_events counts
+        jit_events.install()
         self.rank = 0  # this process's rank in its arm's worker group (e2eprof.distributed); 0 when it is alone
 
     def dispatch(self, command: str, kwargs: dict):
-        """Run one command, with its memory peaks recorded when it is a measured phase."""
+        """Run one command, with its memory peaks and just-in-time work recorded when it is a measured phase."""
         phase = MEMORY_PHASES.get(command)
         if phase is None:
             return getattr(self, command)(**kwargs)
-        with self.memory.phase(kwargs.get("workload", "*"), phase):
-            result = getattr(self, command)(**kwargs)
+        key = (kwargs.get("workload", "*"), phase)
+        before = jit_events.snapshot()
+        try:
+            with self.memory.phase(*key):
+                result = getattr(self, command)(**kwargs)
+        finally:
+            done = jit_events.delta(before, jit_events.snapshot())
+            seen = self.jit.setdefault(key, dict.fromkeys(jit_events.COUNTS, 0.0))
+            for name, count in done.items():
+                seen[name] += count
         if command in RELEASE_AFTER:
             release(self.device)
         return result
@@ -171,6 +187,7 @@ class ArmWorker:
             "build_s": time.perf_counter() - started,
             "batch_digest": digest(self.batches),
             "pid": os.getpid(),
+            "placement": _placement_seen(),
         }
 
     def _batch_seed(self) -> int:
@@ -194,7 +211,7 @@ class ArmWorker:
         return self.workloads[name]
 
     def _options(self, workload: str) -> dict:
-        return {"new_tokens": self.setup.new_tokens} if workload == "generate" else {}
+        return {"new_tokens": self.setup.new_tokens} if workload in DECODING_WORKLOADS else {}
 
     def _timed_step(self, workload_name: str, phase: str, block: int) -> dict:
         workload = self._workload(workload_name)
@@ -245,16 +262,19 @@ class ArmWorker:
         deadline = time.perf_counter() + max_seconds
         while self._agree(len(rows) + window <= max(max_steps, 2 * window)
                           and (len(rows) < 2 * window or time.perf_counter() < deadline)):
-            window_rows = [self._timed_step(workload, "warmup", -1) for _ in range(window)]
+            with gc_off_the_clock(self.setup.placement):  # as the timed blocks will run
+                window_rows = [self._timed_step(workload, "warmup", -1) for _ in range(window)]
             rows.extend(window_rows)
             current = [r["wall_ns"] for r in window_rows]
             if self._agree(previous is not None and warm_windows_agree(previous, current, tolerance)):
                 break
             previous = current
+        freeze_survivors(self.setup.placement)
         return rows
 
     def block(self, workload: str, block: int, steps: int) -> list[dict]:
-        return [self._timed_step(workload, "warm", block) for _ in range(steps)]
+        with gc_off_the_clock(self.setup.placement):
+            return [self._timed_step(workload, "warm", block) for _ in range(steps)]
 
     def capture(self, workload: str, path: str, verify: bool) -> dict:
         """Correctness outputs on pristine weights, saved as safetensors; op-level checks when verifying."""
@@ -344,9 +364,13 @@ class ArmWorker:
         def one_step():
             instance.step(self.batches[next(counter) % len(self.batches)])
 
+        # A CUDA graph replay runs no Python, so no module range: the decode workload profiles the same kernels
+        # launched eagerly.
+        eager = getattr(instance, "eager", contextlib.nullcontext)
         try:
-            result = profile_workload(one_step, self.model, device=self.device, warmup=warmup, active=active,
-                                      trace_path=trace_path, with_module_ranges=not compiled)
+            with eager():
+                result = profile_workload(one_step, self.model, device=self.device, warmup=warmup, active=active,
+                                          trace_path=trace_path, with_module_ranges=not compiled)
         finally:
             if self.applied is not None:
                 self.applied.set_mark_ranges(False)
@@ -371,6 +395,11 @@ class ArmWorker:
             # None (not {}) when the patch declares no counter: "no evidence" is not "zero calls".
             "implementations": dict(implementations()) if implementations else None,
         }
+
+    def jit_counts(self) -> list[dict]:
+        """Just-in-time work per (workload, phase) so far in this process (e2eprof.jit_events)."""
+        return [{"workload": w, "phase": p, **counts, "arm": self.setup.arm.name, "replica": self.setup.arm.replica,
+                 "rank": self.rank} for (w, p), counts in self.jit.items()]
 
     def memory_peaks(self) -> list[dict]:
         """Peak device and host memory per (workload, phase) so far in this process."""
@@ -408,6 +437,7 @@ def worker_main(conn, setup: WorkerSetup) -> None:
     # Ctrl-C reaches the whole process group; the parent decides how to stop and saves what was measured,
     # so workers ignore SIGINT and leave when the parent closes the pipe or terminates them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    apply_in_worker(setup.placement)
     worker = ArmWorker(setup)
     while True:
         try:
@@ -429,6 +459,13 @@ def worker_main(conn, setup: WorkerSetup) -> None:
             # Outside the except block, so the traceback no longer pins the failed step's tensors; the arm stays
             # usable for its other workloads.
             worker.release_after_oom(kwargs.get("workload"))
+
+
+def _placement_seen() -> dict:
+    """Where this process really runs (e2eprof.isolation asked for it; the OS and torch say what took effect)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {"cores": cores, "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "gc_frozen": gc.get_freeze_count()}
 
 
 def _save_outputs(outputs: dict, path: str) -> None:

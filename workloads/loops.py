@@ -242,16 +242,9 @@ class InferWorkload(Workload):
             return {"logits": self._logits_out(out.logits), "loss": self._out(out.loss)}
 
 
-class GenerateWorkload(Workload):
-    """Greedy decoding with a KV cache, written out by hand so every forward is visible to the profiler.
+class _Decoding(Workload):
+    """What both decoding workloads share: new_tokens, the prompt's length, the cache keyword, eval mode."""
 
-    Prefill over the prompt (the batch truncated to max_positions - new_tokens tokens), argmax of the last position,
-    then new_tokens - 1 single-token decode forwards that pass the cache back in. Option `new_tokens` (default 16, >= 2
-    so that time per output token is defined).
-    """
-
-    name = "generate"
-    defaults = {"new_tokens": 16}
     objectives = ("causal-lm",)  # an encoder has no next-token head to decode with
 
     def __init__(self, model: torch.nn.Module, device: torch.device | str, precision: str, **options: Any):
@@ -265,6 +258,26 @@ class GenerateWorkload(Workload):
                              f"(max_positions {self.max_positions})")
         self._cache_kwarg = _cache_kwarg(self.model)
         self.model.eval()
+
+    def _prompt(self, host_batch: torch.Tensor) -> torch.Tensor:
+        """The batch on the device, cut so prompt and generated tokens fit the position table: (B, P)."""
+        ids = self._to_device(host_batch)  # copied whole then sliced, so the pinned copy stays async
+        if self.max_positions is not None:
+            ids = ids[:, : self.max_positions - self.new_tokens]
+        return ids
+
+
+class GenerateWorkload(_Decoding):
+    """Greedy decoding with Hugging Face's dynamic KV cache, written out by hand so every forward is visible to the
+    profiler: host-bound and jittery as HF's own generate() is, kept for comparison with what users run in notebooks.
+
+    Prefill over the prompt (the batch truncated to max_positions - new_tokens tokens), argmax of the last position,
+    then new_tokens - 1 single-token decode forwards that pass the cache back in. Option `new_tokens` (default 16, >= 2
+    so that time per output token is defined).
+    """
+
+    name = "generate"
+    defaults = {"new_tokens": 16}
 
     def step(self, host_batch: torch.Tensor) -> dict[str, float]:
         """Generate new_tokens tokens; return {"ttft_ms": prefill + first token, "tpot_ms": mean per later token}.
@@ -284,9 +297,7 @@ class GenerateWorkload(Workload):
     @torch.no_grad()
     def _generate(self, host_batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, int]]:
         t0 = time.perf_counter_ns()  # the request arrives: copying the prompt counts toward the first token
-        ids = self._to_device(host_batch)  # (B, T); copied whole then sliced, so the pinned copy stays async
-        if self.max_positions is not None:
-            ids = ids[:, : self.max_positions - self.new_tokens]  # (B, P)
+        ids = self._prompt(host_batch)  # (B, P)
         with self._autocast():
             out = self.model(input_ids=ids, use_cache=True)
         cache = _cache_of(out)
@@ -309,7 +320,6 @@ class GenerateWorkload(Workload):
         return generated, prefill_logits, (t0, t1, t2)
 
 
-WORKLOADS: dict[str, type[Workload]] = {"train": TrainWorkload, "infer": InferWorkload, "generate": GenerateWorkload}
 
 
 def all_workloads() -> dict[str, type[Workload]]:
@@ -404,3 +414,10 @@ def _cache_of(out: Any) -> Any:
 def _did_you_mean(word: str, choices: Any) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# At the end: decode.py builds on _Decoding and the helpers above.
+from .decode import DecodeWorkload  # noqa: E402
+
+WORKLOADS: dict[str, type[Workload]] = {"train": TrainWorkload, "infer": InferWorkload, "decode": DecodeWorkload,
+                                        "generate": GenerateWorkload}

@@ -171,3 +171,83 @@ def test_self_benchmark_judges_aa_runs_at_the_default_process_count():
     assert text.startswith("0 of 3 A/A runs significant with 2 process(es) per arm") and meets == sb.UNRESOLVED
     assert detail[0].startswith("- **2 process(es) per arm**, 3 runs")
     assert any(line.startswith("- **1 process(es) per arm**, 2 runs") for line in detail)
+
+
+# ---- process noise from the run's own processes --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("x, df, expected", [(7.3, 1, 0.006895461063618973), (7.3, 2, 0.02599112877875535),
+                                             (7.3, 3, 0.06292623645904312), (20.0, 5, 0.0012497305630313773),
+                                             (0.5, 4, 0.9735009788392561), (13.8, 2, 0.0010077854290485102)])
+def test_chi2_survival_matches_scipy(x, df, expected):
+    # expected: scipy.stats.chi2.sf(x, df), computed once (scipy is not a dependency)
+    assert stats.chi2_sf(x, df) == pytest.approx(expected, rel=1e-10)
+
+
+def simulated_processes(rng, offsets_sd, processes=4, steps=40, step_noise=0.01):
+    """One arm's processes: each a lognormal offset of sd offsets_sd, steps of step_noise around it, blocks of 5."""
+    runs = []
+    for _ in range(processes):
+        level = 100 * math.exp(rng.normal(0, offsets_sd))
+        runs.append((level * np.exp(rng.normal(0, step_noise, steps)), np.repeat(np.arange(steps // 5), 5)))
+    return runs
+
+
+def test_the_runs_replicas_estimate_the_spread_between_processes():
+    rng = np.random.default_rng(1)
+    true_noise = 0.02 * math.sqrt(2)  # offsets of sd 2% per process: a ratio of two single processes moves by 2.8%
+    estimates = [stats.process_spread({"baseline": simulated_processes(rng, 0.02),
+                                       "patched": simulated_processes(rng, 0.02)}, floor=0.0, n_boot=200, seed=i)
+                 for i in range(60)]
+    assert all(e.df == 6 for e in estimates)
+    # unbiased in variance: the mean of the squared estimates is the true variance, within the simulation's error
+    assert np.mean([e.estimate ** 2 for e in estimates]) == pytest.approx(true_noise ** 2, rel=0.3)
+    assert np.median([e.p_disagree for e in estimates]) < 1e-6  # 2% offsets against a 0 floor: they disagree
+
+
+def test_processes_that_agree_are_rarely_flagged_and_one_process_per_arm_gives_no_estimate():
+    rng = np.random.default_rng(2)
+    flagged = [stats.process_spread({"baseline": simulated_processes(rng, 0.003, processes=2),
+                                     "patched": simulated_processes(rng, 0.003, processes=2)},
+                                    floor=0.0044, n_boot=200, seed=i).p_disagree < 0.05 for i in range(200)]
+    assert np.mean(flagged) < 0.10  # offsets within the floor: flagged at about the test's 5% rate, no more
+    alone = stats.process_spread({"baseline": simulated_processes(rng, 0.1, processes=1),
+                                  "patched": simulated_processes(rng, 0.1, processes=1)}, floor=0.0044)
+    assert alone.df == 0 and math.isnan(alone.estimate) and math.isnan(alone.p_disagree)
+
+
+def test_disagreeing_replicas_get_no_speed_verdict_and_a_reason():
+    """README's rmsnorm row (H200, llama-1b batch 4 infer): the patched processes' medians 33.1 and 38.3 ms, the
+    baseline's 32.3 and 30.6 ms; with the device's 0.44% process noise it read FAIL (SLOWER) 0.911x."""
+    config = cpu_config(workloads=("infer",), reference_arms=(), process_noise=0.0044)
+    checks = clean_checks("infer", ["baseline", "patched"])
+
+    def arm(name, medians):
+        rows = []
+        for replica, median in enumerate(medians):
+            rows += [r | {"replica": replica} for r in steps_for("infer", name, median, noise=0.01, seed=replica)]
+        return rows
+
+    steps = arm("baseline", [32.3, 30.6]) + arm("patched", [33.1, 38.3])
+    rows, verdicts = summarize(steps, checks, config, set())
+    verdict = verdicts["infer"]
+    assert verdict.verdict == "INCONCLUSIVE" and "REPLICAS_DISAGREE" in verdict.reasons, verdict
+    assert "per-process medians baseline: 32.2" in verdict.advice and "patched: 33.0" in verdict.advice
+    patched = next(r for r in rows if r["arm"] == "patched")
+    assert patched["replicas_disagree_p"] < 1e-6 and patched["process_noise_df"] == 2
+    assert patched["process_noise_estimate"] > 0.05  # what the run showed, not the 0.44% assumed
+    assert patched["process_noise"] >= patched["process_noise_estimate"] / math.sqrt(2) * 0.999
+    # Agreeing replicas with the same 1% steps: judged as before, on the floor.
+    steps = arm("baseline", [32.3, 32.31]) + arm("patched", [36.0, 36.02])
+    _, verdicts = summarize(steps, checks, config, set())
+    assert verdicts["infer"].verdict == FAIL and verdicts["infer"].reasons == ["SLOWER"]
+
+
+def test_a_correctness_failure_stands_whatever_the_timing():
+    from e2eprof.verdict import Verdict, withhold_speed
+
+    assert withhold_speed(Verdict("FAIL", ["INCORRECT", "SLOWER"]), "REPLICAS_DISAGREE", "x").verdict == "FAIL"
+    assert withhold_speed(Verdict("FAIL", ["SLOWER", "THROTTLED"]), "REPLICAS_DISAGREE", "x").reasons == [
+        "REPLICAS_DISAGREE", "THROTTLED"]
+    assert withhold_speed(Verdict("PASS", ["FASTER"]), "JIT_DURING_TIMING", "x").verdict == "INCONCLUSIVE"
+    assert withhold_speed(Verdict("FAIL", ["AA_FALSE_ALARM"]), "REPLICAS_DISAGREE", "x").verdict == "INCONCLUSIVE"

@@ -1,0 +1,159 @@
+"""Worker isolation: each process on its own CPU cores, intra-op threads sized to them, idle threads asleep, and
+Python's garbage collector kept out of timed steps.
+
+Host-bound steps (decoding, small batches) are decided on the host, so what else the host runs moves them: on the
+H200 two identical decoding processes differed by 24%, and setting OMP_NUM_THREADS=1 alone brought an A/A run from
+1.045x to 0.982x. Serious harnesses isolate their workers (pyperf pins and tunes, JMH forks); so does e2eprof:
+
+- cores: the parent keeps one core (its telemetry sampler, the pipes) and deals the rest out in equal, disjoint
+  shares, one per worker process. With fewer spare cores than workers (a laptop, a CI runner) the workers share
+  every core: pinning them tighter would only make them queue.
+- threads: torch's intra-op pool sized to the worker's share (torch's default is every core of the machine, so six
+  workers would run 96 threads on 16 cores).
+- passive: OMP_WAIT_POLICY=PASSIVE, so the OpenMP threads of a worker that just finished its block sleep instead of
+  spinning on the core the next worker is timing on.
+- gc: a collection before each window of timed or warm-up steps, none inside them, and everything alive after
+  warm-up frozen out of later collections (gc.freeze), as pyperf and gpt-fast do.
+
+`--isolate` picks them (default all; `none` for the behaviour before); each is measured in README's trust section.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+PARTS = ("cores", "threads", "passive", "gc")
+PARENT_CORES = 1  # kept for the parent process: telemetry sampling and the command pipes
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one worker process runs: its cores (None: wherever the OS puts it), intra-op threads (None: torch's
+    default), whether idle OpenMP threads sleep, whether gc stays out of timed steps."""
+
+    cores: tuple[int, ...] | None = None
+    threads: int | None = None
+    passive: bool = False
+    gc_off_the_clock: bool = False
+
+    def environment(self) -> dict[str, str]:
+        """Variables a worker must have before it loads torch (OpenMP reads them once); a user's own setting wins."""
+        wanted = {}
+        if self.threads is not None:
+            wanted["OMP_NUM_THREADS"] = str(self.threads)
+        if self.passive:
+            wanted["OMP_WAIT_POLICY"] = "PASSIVE"
+        return {k: v for k, v in wanted.items() if k not in os.environ}
+
+    def describe(self) -> str:
+        cores = "shared cores" if self.cores is None else f"cores {_ranges(self.cores)}"
+        threads = "default threads" if self.threads is None else f"{self.threads} thread(s)"
+        return f"{cores}, {threads}" + (", idle threads asleep" if self.passive else "") + (
+            ", gc off the clock" if self.gc_off_the_clock else "")
+
+
+def parse(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """--isolate's value: "all" (default), "none", or a comma list of PARTS."""
+    if value is None or value == "all" or value == ("all",):
+        return PARTS
+    if isinstance(value, str):
+        items = tuple(part.strip() for part in value.split(",") if part.strip())
+        if not items:
+            raise ValueError("--isolate: give all, none or a comma list of " + ", ".join(PARTS))
+    else:
+        items = tuple(value)  # already parsed (a config copied for a sweep point): () is none
+    if items == ("none",):
+        return ()
+    unknown = [part for part in items if part not in PARTS]
+    if unknown:
+        raise ValueError(f"--isolate: unknown part '{unknown[0] if unknown else value}'; give all, none or a comma "
+                         f"list of {', '.join(PARTS)}")
+    return tuple(part for part in PARTS if part in items)
+
+
+def available_cores() -> tuple[int, ...]:
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux: no affinity control
+        return tuple(range(os.cpu_count() or 1))
+
+
+def plan(workers: int, parts: tuple[str, ...], cores: tuple[int, ...] | None = None) -> list[Placement]:
+    """One Placement per worker process, in the order they start (see the module docstring)."""
+    cores = available_cores() if cores is None else tuple(cores)
+    spare = cores[PARENT_CORES:] if len(cores) > PARENT_CORES else cores
+    share = len(spare) // workers if workers else 0
+    pin = "cores" in parts and share >= 1 and len(spare) >= workers
+    placements = []
+    for index in range(workers):
+        mine = spare[index * share:(index + 1) * share] if pin else None
+        # Fewer spare cores than workers: they share the machine (taking turns in timed steps), torch's default.
+        threads = (len(mine) if mine else share or None) if "threads" in parts else None
+        placements.append(Placement(cores=mine, threads=threads, passive="passive" in parts,
+                                    gc_off_the_clock="gc" in parts))
+    return placements
+
+
+@contextmanager
+def environment(variables: dict[str, str]) -> Iterator[None]:
+    """Set `variables` for processes started inside the block; the parent's own environment is restored after."""
+    saved = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def apply_in_worker(placement: Placement) -> None:
+    """In the worker process, before any work: its cores and its intra-op thread count."""
+    if placement.cores is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, placement.cores)
+    if placement.threads is not None:
+        import torch
+
+        torch.set_num_threads(placement.threads)
+
+
+@contextmanager
+def gc_off_the_clock(placement: Placement) -> Iterator[None]:
+    """Around a window of timed or warm-up steps: collect first, then no collection until the window ends."""
+    if not placement.gc_off_the_clock:
+        yield
+        return
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def freeze_survivors(placement: Placement) -> None:
+    """After warm-up: move everything alive (the model, its modules, the loop's state) out of the collector's sight,
+    so a collection between blocks scans only what the steps themselves made."""
+    if placement.gc_off_the_clock:
+        gc.collect()
+        gc.freeze()
+
+
+def _ranges(cores: tuple[int, ...]) -> str:
+    """(2, 3, 4, 7) -> '2-4,7'."""
+    parts, start = [], None
+    for i, core in enumerate(cores):
+        if start is None:
+            start = core
+        if i + 1 == len(cores) or cores[i + 1] != core + 1:
+            parts.append(str(start) if start == core else f"{start}-{core}")
+            start = None
+    return ",".join(parts)
