@@ -598,6 +598,8 @@ def arm_balance(joined_steps: pd.DataFrame, *, clock_tolerance: float = 0.02, te
     |temp - baseline temp| > temp_tolerance_c, ``throttled`` when any step was. A flag is None when it cannot be
     judged (no baseline, no telemetry). The thresholds are in every row so a summary can state them.
     """
+    if not len(joined_steps):  # every arm failed before timing: nothing to balance
+        return []
     if "phase" in joined_steps:
         warm = joined_steps[joined_steps["phase"] == "warm"]
     else:

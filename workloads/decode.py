@@ -117,7 +117,8 @@ class DecodeWorkload(_Decoding):
         """One decode forward on the last token; its argmax becomes the next input and joins `tokens`. Only tensor
         operations on fixed buffers, so a CUDA graph can capture it and every replay advances the decode by one."""
         with self._autocast_uncached():
-            out = self.eager_model(input_ids=state.token, use_cache=True, **{self._cache_kwarg: state.cache})
+            out = self.eager_model(input_ids=state.token, attention_mask=self._step_mask(state), use_cache=True,
+                                   **{self._cache_kwarg: state.cache})
         nxt = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)  # (B, 1)
         state.tokens.index_copy_(1, state.index, nxt)
         state.token.copy_(nxt)
@@ -163,6 +164,22 @@ class DecodeWorkload(_Decoding):
         state.restore(snapshot)
         return graph
 
+    def _step_mask(self, state: SimpleNamespace) -> torch.Tensor | None:
+        """The one-token step's 4D attention mask (B, 1, 1, max_cache_len), made on the device from the cache's
+        length: the new token sees every cached position and its own. Hugging Face builds the same mask itself, but
+        for eager attention with a host-to-device copy of a scalar (masking_utils.eager_mask), which a CUDA graph
+        cannot capture. Additive (0 / dtype's min, in the weights' dtype) for eager attention, boolean otherwise,
+        as Hugging Face's own masks are; a 4D mask is passed through by the model unchanged."""
+        kind = getattr(self.eager_model.config, "_attn_implementation", None)
+        if kind not in ("eager", "sdpa"):
+            return None  # other implementations build their own (e.g. flash attention needs none)
+        length = state.cache.layers[0].cumulative_length  # (): tokens cached so far = the new token's position
+        visible = (state.positions <= length).view(1, 1, 1, -1).expand(state.shape[0], 1, 1, -1)
+        if kind == "sdpa":
+            return visible
+        dtype = next(self.eager_model.parameters()).dtype
+        return torch.where(visible, 0.0, torch.finfo(dtype).min).to(dtype)
+
     # ---- buffers ----------------------------------------------------------------------------------------------
     def _state_for(self, shape: torch.Size) -> SimpleNamespace:
         """The static cache and token buffers for a (B, P) prompt, made once: a graph replays on these addresses."""
@@ -180,9 +197,10 @@ class DecodeWorkload(_Decoding):
             token=torch.zeros(batch, 1, dtype=torch.long, device=device),  # (B, 1): the next step's input
             tokens=torch.zeros(batch, self.new_tokens, dtype=torch.long, device=device),  # (B, new_tokens)
             index=torch.zeros(1, dtype=torch.long, device=device),  # where the next token goes in `tokens`
+            positions=torch.arange(prompt + self.new_tokens, device=device),  # (max_cache_len,): the cache's slots
         )
         if self.compiled:  # fixed addresses, so Inductor's graphs need not copy them in on every replay
-            for buffer in (state.token, state.tokens, state.index):
+            for buffer in (state.token, state.tokens, state.index, state.positions):
                 torch._dynamo.mark_static_address(buffer)
 
         def cache_lengths():

@@ -380,3 +380,11 @@ def test_join_then_balance_end_to_end_on_sampler_rows():
     assert energy["energy_j"][0] > 0
     (row,) = arm_balance(out)
     assert row["clock_imbalance"] is False
+
+
+def test_arm_balance_of_a_run_whose_arms_all_failed_before_timing_is_empty():
+    # The H200's first decode runs: every arm failed in its cold step, the steps table had no columns, and the
+    # balance raised KeyError 'block' after everything measured had been written.
+    import pandas as pd
+
+    assert arm_balance(pd.DataFrame([])) == []

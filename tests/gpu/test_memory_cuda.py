@@ -54,7 +54,11 @@ def test_inference_after_training_reports_what_inference_alone_needs(tmp_path):
 
 def test_the_cache_goes_back_after_an_untimed_check(tmp_path):
     worker = _worker(tmp_path)
-    worker.dispatch("cold", {"workload": "infer"})
-    worker.dispatch("capture", {"workload": "infer", "path": str(tmp_path / "c.safetensors"), "verify": False})
+    worker.dispatch("cold", {"workload": "train"})
     torch.cuda.synchronize()
-    assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() < 64 * 2**20
+    before = torch.cuda.memory_reserved()
+    worker.dispatch("capture", {"workload": "train", "path": str(tmp_path / "c.safetensors"), "verify": False})
+    torch.cuda.synchronize()
+    print(f"reserved after the cold step {before / 2**20:.0f} MB, after the capture {torch.cuda.memory_reserved() / 2**20:.0f} MB")
+    # The capture's gradients and activations went back, and with them the cold step's cached blocks.
+    assert torch.cuda.memory_reserved() < before
