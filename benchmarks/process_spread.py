@@ -33,6 +33,7 @@ def one_run(out: Path, model: str, workload: str, isolate: str, replicas: int, b
                "--replicas", str(replicas), "--isolate", isolate, "--budget", str(budget), "--out", str(run_dir),
                "--force", *extra]
     started = time.time()
+    (out / "runs").mkdir(parents=True, exist_ok=True)
     done = subprocess.run(command, capture_output=True, text=True)
     (out / "runs" / f"{name}.log").write_text(" ".join(command) + "\n" + done.stdout + done.stderr)
     row = {"model": model, "workload": workload, "isolate": isolate, "replicas": replicas, "exit_code": done.returncode,

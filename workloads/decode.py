@@ -88,7 +88,10 @@ class DecodeWorkload(_Decoding):
     def _decode(self, host_batch: torch.Tensor, replay: bool):
         t0 = time.perf_counter_ns()  # the request arrives: copying the prompt counts toward the first token
         ids = self._prompt(host_batch)  # (B, P)
+        fresh = self._state is None
         state = self._state_for(ids.shape)
+        if fresh and self.compiled:
+            self.initialize_cache(ids)
         prefill_logits = self._prefill(ids, state)  # (B, V)
         self._sync()
         t1 = time.perf_counter_ns()
@@ -177,8 +180,8 @@ class DecodeWorkload(_Decoding):
         visible = (state.positions <= length).view(1, 1, 1, -1).expand(state.shape[0], 1, 1, -1)
         if kind == "sdpa":
             return visible
-        dtype = next(self.eager_model.parameters()).dtype
-        return torch.where(visible, 0.0, torch.finfo(dtype).min).to(dtype)
+        zero, lowest = state.mask_values  # device scalars in the weights' dtype (fp64's min overflows a float32)
+        return torch.where(visible, zero, lowest)
 
     # ---- buffers ----------------------------------------------------------------------------------------------
     def _state_for(self, shape: torch.Size) -> SimpleNamespace:
@@ -199,8 +202,11 @@ class DecodeWorkload(_Decoding):
             index=torch.zeros(1, dtype=torch.long, device=device),  # where the next token goes in `tokens`
             positions=torch.arange(prompt + self.new_tokens, device=device),  # (max_cache_len,): the cache's slots
         )
+        dtype = next(self.eager_model.parameters()).dtype
+        state.mask_values = (torch.zeros((), dtype=dtype, device=device),
+                             torch.full((), torch.finfo(dtype).min, dtype=dtype, device=device))
         if self.compiled:  # fixed addresses, so Inductor's graphs need not copy them in on every replay
-            for buffer in (state.token, state.tokens, state.index, state.positions):
+            for buffer in (state.token, state.tokens, state.index, state.positions, *state.mask_values):
                 torch._dynamo.mark_static_address(buffer)
 
         def cache_lengths():
@@ -220,6 +226,14 @@ class DecodeWorkload(_Decoding):
         state.cache_lengths, state.restore = cache_lengths, restore
         self._state = state
         return state
+
+    def initialize_cache(self, ids: torch.Tensor) -> None:
+        """The compile arm: fill the static cache's tensors with one eager prefill before anything is compiled.
+        Hugging Face allocates them on first use and marks their addresses static only outside a trace; allocated
+        inside the compiled prefill they count as mutated inputs, and Inductor then skips its CUDA graphs (seen on
+        the H200: 'skipping cudagraphs due to mutated inputs (36 instances)' for gpt2's 12 layers)."""
+        with torch.no_grad(), self._autocast_uncached():
+            self.eager_model(input_ids=ids, use_cache=True, **{self._cache_kwarg: self._state.cache})
 
     def _autocast_uncached(self):
         """Autocast without its weight-cast cache: a graph must recompute the casts it recorded on every replay
