@@ -99,7 +99,7 @@ REPLICAS_HELP = ("Identical worker processes for the baseline and the candidate 
                  "part of the interval by sqrt(N).")
 ISOLATE_HELP = ("Worker isolation: all, none, or a comma list of cores (own CPU cores per worker), threads (intra-op "
                 "threads sized to them), passive (idle OpenMP threads sleep), gc (no garbage collection inside timed "
-                "steps) (default: all).")
+                "steps) (default: threads,passive,gc).")
 OUT_HELP = "Report directory (default: reports/<UTC time>-<model>-<patch>/ under the working directory)."
 
 

@@ -34,10 +34,10 @@ def suggest(name: str, known: list[str] | tuple[str, ...]) -> str:
 # per-kernel device time of a step is constant to 0.1 ms; what moves between processes is the GPU's idle time
 # between kernels (4.5-6.5 ms of a 93 ms step), i.e. how fast the host keeps the queue fed.
 H200_PROCESS_NOISE = 0.0044
-# CPU: 12 A/A runs of the CPU defaults on a shared 2-core machine imply ~11% (reports/self-benchmark-cpu/aa.md), far
-# beyond what 3 blocks per arm resolve anyway. Left at 0 so a CPU run shows its within-run interval only; CPU verdicts
-# are for trying the tool, and --process-noise 0.11 applies the measured figure.
-CPU_PROCESS_NOISE = 0.0
+# CPU: one process per arm cannot show its own spread, so a CPU verdict must not claim less than identical CPU
+# processes differ by: A/A runs of the CPU defaults on a shared 2-core machine imply 11% (README, "How far you can
+# trust it"). With 0 here a loaded laptop called identical arms FAIL (SLOWER) 0.496x.
+CPU_PROCESS_NOISE = 0.11
 # Processes per compared arm (baseline and candidate). One process per arm cannot resolve less than z x process
 # noise (H200: +-0.86%), so a planted 1% slowdown was found in 8 of 10 runs; two per arm bring that floor to +-0.61%
 # (stats.replicated_process_noise) for a few seconds more of start-up. The same reasoning makes JMH run several

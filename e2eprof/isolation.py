@@ -6,16 +6,18 @@ H200 two identical decoding processes differed by 24%, and setting OMP_NUM_THREA
 1.045x to 0.982x. Serious harnesses isolate their workers (pyperf pins and tunes, JMH forks); so does e2eprof:
 
 - cores: the parent keeps one core (its telemetry sampler, the pipes) and deals the rest out in equal, disjoint
-  shares, one per worker process. With fewer spare cores than workers (a laptop, a CI runner) the workers share
-  every core: pinning them tighter would only make them queue.
-- threads: torch's intra-op pool sized to the worker's share (torch's default is every core of the machine, so six
-  workers would run 96 threads on 16 cores).
+  shares of at least two cores, one per worker process. With fewer (a laptop, a CI runner, many replicas) the workers
+  share every core: a worker alone on one core queues behind its own CUDA and Python helper threads, and one bad core
+  slows its process throughout (H200, llama-1b infer, 8 processes on one core each: one process 19% slower than the
+  others, caught as REPLICAS_DISAGREE). Not in the default: README's trust section has the measurements.
+- threads: torch's intra-op pool sized to the worker's share of the spare cores (torch's default is every core of
+  the machine, so six workers would run 96 threads on 16 cores).
 - passive: OMP_WAIT_POLICY=PASSIVE, so the OpenMP threads of a worker that just finished its block sleep instead of
   spinning on the core the next worker is timing on.
 - gc: a collection before each window of timed or warm-up steps, none inside them, and everything alive after
   warm-up frozen out of later collections (gc.freeze), as pyperf and gpt-fast do.
 
-`--isolate` picks them (default all; `none` for the behaviour before); each is measured in README's trust section.
+`--isolate` picks them (default: threads, passive, gc; `all` adds cores; `none` is the behaviour before them).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 PARTS = ("cores", "threads", "passive", "gc")
+DEFAULT_PARTS = ("threads", "passive", "gc")
 PARENT_CORES = 1  # kept for the parent process: telemetry sampling and the command pipes
+MIN_CORES_TO_PIN = 2  # a worker pinned alone on one core queues behind its own helper threads
 
 
 @dataclass(frozen=True)
@@ -57,8 +61,10 @@ class Placement:
 
 
 def parse(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
-    """--isolate's value: "all" (default), "none", or a comma list of PARTS."""
-    if value is None or value == "all" or value == ("all",):
+    """--isolate's value: None (the default parts), "all", "none", or a comma list of PARTS."""
+    if value is None:
+        return DEFAULT_PARTS
+    if value == "all" or value == ("all",):
         return PARTS
     if isinstance(value, str):
         items = tuple(part.strip() for part in value.split(",") if part.strip())
@@ -87,7 +93,7 @@ def plan(workers: int, parts: tuple[str, ...], cores: tuple[int, ...] | None = N
     cores = available_cores() if cores is None else tuple(cores)
     spare = cores[PARENT_CORES:] if len(cores) > PARENT_CORES else cores
     share = len(spare) // workers if workers else 0
-    pin = "cores" in parts and share >= 1 and len(spare) >= workers
+    pin = "cores" in parts and share >= MIN_CORES_TO_PIN
     placements = []
     for index in range(workers):
         mine = spare[index * share:(index + 1) * share] if pin else None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gc
 import math
 import os
 import signal
@@ -464,8 +463,7 @@ def worker_main(conn, setup: WorkerSetup) -> None:
 def _placement_seen() -> dict:
     """Where this process really runs (e2eprof.isolation asked for it; the OS and torch say what took effect)."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return {"cores": cores, "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-            "gc_frozen": gc.get_freeze_count()}
+    return {"cores": cores, "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
 
 
 def _save_outputs(outputs: dict, path: str) -> None:

@@ -17,6 +17,7 @@ from e2eprof.worker import ArmSpec, WorkerSetup
 
 
 def test_an_h200_hosts_cores_are_dealt_out_disjoint_and_the_parent_keeps_one():
+    assert parse(None) == ("threads", "passive", "gc")  # the default: no pinning (README's trust section says why)
     placements = plan(6, PARTS, cores=tuple(range(16)))
     cores = [p.cores for p in placements]
     assert all(len(c) == 2 for c in cores) and 0 not in {x for c in cores for x in c}
@@ -28,13 +29,15 @@ def test_an_h200_hosts_cores_are_dealt_out_disjoint_and_the_parent_keeps_one():
 
 def test_a_small_machine_shares_its_cores_and_none_turns_everything_off():
     assert all(p.cores is None and p.threads is None for p in plan(3, PARTS, cores=(0, 1)))
+    # one spare core per worker is not pinned: 8 processes on 16 cores share them, two threads' worth each
+    assert all(p.cores is None and p.threads == 1 for p in plan(8, PARTS, cores=tuple(range(16))))
     assert plan(2, parse("none"), cores=tuple(range(16))) == [Placement(), Placement()]
     threads_only = plan(4, parse("threads"), cores=tuple(range(16)))
     assert all(p.cores is None and p.threads == 3 and not p.passive for p in threads_only)
 
 
 def test_isolate_option_values():
-    assert parse(None) == parse("all") == PARTS and parse("none") == ()
+    assert parse("all") == PARTS and parse("none") == ()
     assert parse("gc,cores") == ("cores", "gc")
     with pytest.raises(ValueError, match="unknown part 'corse'"):
         parse("corse")

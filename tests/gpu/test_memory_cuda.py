@@ -47,7 +47,7 @@ def test_inference_after_training_reports_what_inference_alone_needs(tmp_path):
 
     alone = _infer_timing_peaks(_worker(tmp_path))
     print(f"infer timing after train: {after_train}; alone: {alone}")
-    assert abs(after_train["peak_alloc_mb"] - alone["peak_alloc_mb"]) <= 0.02 * alone["peak_alloc_mb"]
+    assert abs(after_train["peak_alloc_mb"] - alone["peak_alloc_mb"]) <= 0.02 * alone["peak_alloc_mb"]  # H200: 0.3%
     # Reserved memory keeps some fragmentation from earlier work (H200, 2026-12-03: 4176 MB after training against
     # 3796 MB alone, +10%); what carried over before was the whole cache (23.8 GB against 11.7 GB).
     assert after_train["peak_reserved_mb"] <= 1.2 * alone["peak_reserved_mb"]
