@@ -54,6 +54,10 @@ class Patch:
         say which implementation ran and prove the custom kernel, not a fallback, did the work.
     kernel_names: substrings of device kernel names the custom kernel launches (checked in profiles).
     tolerances: relative-norm error floor per output dtype name; error_factor: k in max(k * stock, floor).
+    domain: the range of inputs the op must handle, for the gate's stress check (e2eprof.stress): "any" (scales up
+        to overflow, row offsets, outlier channels, extremes, denormals, constant rows), "softmax" (also fully masked
+        rows and NaN/Inf at masked places), "none", or a function of a call's (args, kwargs) yielding
+        (name, args, kwargs) points of its own.
     """
 
     name: str
@@ -67,6 +71,7 @@ class Patch:
     kernel_names: tuple[str, ...] = ()
     tolerances: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
     error_factor: float = DEFAULT_ERROR_FACTOR
+    domain: str | Callable = "any"
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
@@ -83,6 +88,8 @@ class Patch:
             raise ValueError(f"patch {self.name}: replacement must be callable")
         if self.reference is not None and not callable(self.reference):
             raise ValueError(f"patch {self.name}: reference must be callable")
+        if not callable(self.domain) and self.domain not in ("any", "softmax", "none"):
+            raise ValueError(f"patch {self.name}: domain must be 'any', 'softmax', 'none' or a function, got {self.domain!r}")
         object.__setattr__(self, "architectures", tuple(self.architectures))
         object.__setattr__(self, "kernel_names", tuple(self.kernel_names))
 

@@ -31,6 +31,7 @@ import torch
 from e2eprof.errors import PatchError
 from e2eprof.patch import Patch
 from e2eprof.tensorcheck import Agreement, compare_to_reference, same_special_values
+from e2eprof import stress
 from e2eprof.unseen_shapes import neighbours
 
 
@@ -115,6 +116,7 @@ CALL_CHECK_METRICS = {
     "stale_output": "the same tensors refilled with new contents give an output that does not follow them (caching)",
     "threads_leaked": "Python threads started by the call still running when it returns (work off the clock)",
     "unseen_shape": "wrong results, or a raise, on neighbouring shapes the model did not use (e2eprof.unseen_shapes)",
+    "stress": "wrong results, forward or backward, on inputs across the range the op can meet (e2eprof.stress)",
 }
 
 
@@ -249,6 +251,11 @@ def call_check_rows(workload: str, arm: str, checks: list[dict]) -> list[dict]:
             tried = sum(c.get("unseen_shapes", 0) for c in checks)  # neighbour leaves nothing checked
             detail = (f"{tried} neighbouring shapes of {len(checks)} call signatures checked: none wrong" if tried else
                       "no neighbouring shape checked: the other arguments could not follow one, or the stock op took none")
+        if metric == "stress" and not failed:
+            tried = sum(c.get("stress_points", 0) for c in checks)
+            kinds = sorted({kind for c in checks for kind in c.get("stress_kinds", [])})
+            detail = (f"{tried} stress points of {len(checks)} call signatures checked ({', '.join(kinds)}): none wrong"
+                      if tried else "no stress point checked: the patch declares none, or the stock op took none")
         rows.append({"workload": workload, "arm": arm, "tensor": failed[0][0] if failed else "-", "metric": metric,
                      "value": float(count), "tolerance": 0.0, "passed": not failed, "detail": detail})
     return rows
@@ -271,6 +278,8 @@ class OpCheck:
     problems: list[str] = field(default_factory=list)
     findings: dict[str, list] = field(default_factory=dict)
     unseen_shapes: int = 0  # neighbouring shapes checked (the stock op took them), wrong or not
+    stress_points: int = 0  # stress points checked (e2eprof.stress), forward and backward each counted once
+    stress_kinds: list[str] = field(default_factory=list)
 
     def add_finding(self, metric: str, detail: str) -> None:
         entry = self.findings.setdefault(metric, [0, detail])
@@ -337,6 +346,7 @@ class CallRecorder:
                                                                       for i, b in enumerate(before)])
             if check.calls == 1:  # once per signature: the neighbours of a shape do not change from call to call
                 self._check_unseen_shapes(check, args, kwargs)
+                self._check_stress(check, args, kwargs)
         if any(metric in findings for metric in UNUSABLE):
             # The model's next op would raise on this output (another device, another shape), and the arm would
             # then fail as a crash, losing the precise finding just recorded. Hand the model the stock output
@@ -451,6 +461,36 @@ class CallRecorder:
                 problems = self._agreement(out, stock, reference).problems
             if problems:
                 check.add_finding("unseen_shape", f"{where}: {'; '.join(problems)}"[:300])
+
+    def _check_stress(self, check: OpCheck, args: tuple, kwargs: dict) -> None:
+        """The same call on its own inputs moved across the range the op can meet (e2eprof.stress), forward and
+        backward, each judged against the stock op and fp64; held to the stock op where the stock op overflows."""
+        for name, new_args, new_kwargs in stress.points(args, kwargs, self.skip, self.patch.domain):
+            for direction, run in (("forward", stress.forward), ("backward", stress.backward)):
+                try:
+                    stock, reference = run(self.original, self.patch.reference, new_args, new_kwargs, self.skip,
+                                           reference=True)
+                except Exception:  # noqa: BLE001 - the stock op does not take this input: nothing is owed
+                    continue
+                if stock is None:  # not differentiable here: no backward to compare
+                    continue
+                check.stress_points += 1
+                if name.split(" ")[0] not in check.stress_kinds:
+                    check.stress_kinds.append(name.split(" ")[0])
+                where = f"{name}, {direction}"
+                try:
+                    out = run(self.target, None, new_args, new_kwargs, self.skip)[0]
+                except Exception as exc:  # noqa: BLE001 - a kernel that raises where the stock op works is wrong
+                    check.add_finding("stress", f"{where}: raised {type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+                                                " where the stock op works")
+                    continue
+                problems = [f"{metric}: {detail}" for metric, detail in _layout_findings(out, stock).items()
+                            if metric != "nan_inf_positions"]
+                if not problems:
+                    floor = self.patch.tolerance_for(str(getattr(stock, "dtype", "")).removeprefix("torch."))
+                    problems = stress.judge(out, stock, reference, floor=floor, factor=self.patch.error_factor).problems
+                if problems:
+                    check.add_finding("stress", f"{where}: {'; '.join(problems)}"[:300])
 
     def _compare(self, check: OpCheck, out, stock, reference) -> None:
         result = self._agreement(out, stock, reference)

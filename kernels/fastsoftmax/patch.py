@@ -62,4 +62,5 @@ PATCH = Patch(
     attn_implementation="eager",
     implementations=lambda: dict(IMPL_CALLS),
     kernel_names=("_softmax_fwd", "_softmax_bwd"),
+    domain="softmax",  # attention scores: also fully masked rows and -inf/NaN at padded places
 )

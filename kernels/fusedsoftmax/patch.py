@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from transformers.models.gpt2 import modeling_gpt2
 
 from e2eprof.kernels.fusedsoftmax.op import IMPL_CALLS, fusedsoftmax, reference_fusedsoftmax
+from e2eprof import stress
 from e2eprof.patch import DEFAULT_TOLERANCES, Patch
 
 # Captured at import, before any patch is installed: the genuine stock function.
@@ -103,4 +104,5 @@ PATCH = Patch(
     # The stock defaults: outputs are attention outputs and probabilities, compared as any other activation;
     # above the floors, the stock path's own error (times error_factor) is the yardstick.
     tolerances=dict(DEFAULT_TOLERANCES),
+    domain=stress.attention,  # the query across its range, and fully masked rows of the mask
 )
