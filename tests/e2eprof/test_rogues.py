@@ -63,6 +63,13 @@ GALLERY = [
     Rogue("nondeterministic.py", "nondeterministic", True),
     Rogue("background_thread.py", "threads_leaked", True),
     Rogue("seen_shapes_only.py", "unseen_shape", True),
+    # Numerics a random-init model never reaches (e2eprof.stress): one rogue per classic bug, each right on every
+    # call the model makes.
+    Rogue("softmax_without_max.py", "stress", True),
+    Rogue("masked_rows_zeroed.py", "stress", True),
+    Rogue("softmax_sums_in_input_dtype.py", "stress", True),
+    Rogue("layernorm_one_pass_variance.py", "stress", True),
+    Rogue("gelu_tanh_through_exp.py", "stress", True),
     # Caught outside the per-call checks (counters, timed steps, after timing): see the tests below.
     Rogue("calls_stock.py", "custom_kernel_calls", True),
     Rogue("thread_pool.py", "step_threads_leaked", True),
