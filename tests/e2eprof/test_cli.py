@@ -126,7 +126,7 @@ def test_list(tmp_path):
     assert "Traceback" not in result.stderr
     assert "fastsoftmax" in result.stdout and "builtin" in result.stdout
     assert "gpt2-tiny" in result.stdout
-    assert "train, infer, generate" in result.stdout
+    assert "train, infer, decode, generate" in result.stdout
 
 
 def test_default_seq_shrinks_to_a_model_with_fewer_positions_but_a_given_seq_is_kept(tmp_path, capsys):

@@ -31,7 +31,7 @@ def test_compare_exits_with_a_verdict_code_and_prints_tables(tiny_run):
     result, out = tiny_run
     assert result.returncode in (0, 1, 3), result.stderr
     assert "Traceback" not in result.stderr
-    for workload in ("train", "infer", "generate"):
+    for workload in ("train", "infer", "decode"):
         assert workload in result.stdout
     assert "verdict:" in result.stdout
     assert str(out) in result.stdout
@@ -73,7 +73,7 @@ def test_run_table_stays_small_without_copies_of_the_profiles(tiny_run):
     # profiles' rows live in ops.parquet and kernels.parquet, and resume_json keeps only what those cannot hold.
     _, out = tiny_run
     units = json.loads(pd.read_parquet(out / "run.parquet").resume_json.iloc[0])
-    assert set(units) == {"b1-s64-fp32/train", "b1-s64-fp32/infer", "b1-s64-fp32/generate"}
+    assert set(units) == {"b1-s64-fp32/train", "b1-s64-fp32/infer", "b1-s64-fp32/decode"}
     for unit in units.values():
         assert unit["profiles"], "the profiles' totals are kept for a resume"
         for profile in unit["profiles"].values():
@@ -108,8 +108,8 @@ def test_steps_are_cold_then_warm_in_alternating_blocks(tiny_run):
     order = [list(dict.fromkeys(train[train.block == b].arm)) for b in (0, 1)]
     assert order[0] == ["baseline", "patched", "sdpa"]
     assert order[1] == ["sdpa", "patched", "baseline"]
-    generate = warm[warm.workload == "generate"]
-    assert (generate.ttft_ms > 0).all() and (generate.tpot_ms > 0).all()
+    decode = warm[warm.workload == "decode"]
+    assert (decode.ttft_ms > 0).all() and (decode.tpot_ms > 0).all()
 
 
 def test_kernel_ran_only_in_the_patched_arm(tiny_run):
@@ -131,7 +131,7 @@ def test_correctness_gate_checked_outputs_and_every_op_call(tiny_run):
     tensors = set(patched[patched.workload == "train"].tensor)
     assert {"loss", "grad/*"} <= tensors
     assert any(t.startswith("grad/transformer.h.0.attn") for t in tensors)
-    assert "tokens" in set(patched[patched.workload == "generate"].tensor)
+    assert "tokens" in set(patched[patched.workload == "decode"].tensor)
     ops = patched[patched.metric == "op_rel_error_vs_fp64"]
     assert len(ops) >= 3 and (ops.value <= ops.tolerance).all()
 
@@ -140,7 +140,7 @@ def test_summary_has_a_verdict_per_workload(tiny_run):
     _, out = tiny_run
     summary = pd.read_parquet(out / "summary.parquet")
     patched = summary[summary.arm == "patched"]
-    assert set(patched.workload) == {"train", "infer", "generate"}
+    assert set(patched.workload) == {"train", "infer", "decode"}
     assert set(patched.verdict) <= {"PASS", "FAIL", "INCONCLUSIVE"}
     assert (summary[summary.arm == "baseline"].median_ms > 0).all()
 
@@ -204,7 +204,7 @@ def test_phases_account_for_the_run_from_workers_to_tables(tiny_run):
     covered = (phases.end_unix_ns.max() - phases.start_unix_ns.min()) / 1e9
     assert covered <= wall and phases.seconds.sum() >= 0.8 * wall, (phases.seconds.sum(), wall)
     profiled = phases[phases.phase == "profile"].set_index("workload")
-    assert profiled.loc["generate", "seconds"] > 0
+    assert profiled.loc["decode", "seconds"] > 0
 
 
 def test_bert_inference_with_fastgelu_runs_the_erf_kernel_and_passes_the_gate(tmp_path):
@@ -212,7 +212,12 @@ def test_bert_inference_with_fastgelu_runs_the_erf_kernel_and_passes_the_gate(tm
     out = tmp_path / "report"
     result = run_cli("compare", "--model", "bert-tiny", "--patch", "fastgelu", "--workload", "infer", "--device", "cpu",
                      "--steps", "6", "--block-steps", "2", "--microbench", "--out", str(out))
-    assert result.returncode in (0, 3), result.stdout + result.stderr  # correct and ran: PASS or INCONCLUSIVE
+    # Correct and ran: any timing verdict may come out of 3 blocks per arm on a shared CPU (a real SLOWER among them:
+    # the kernel's CPU path is a few torch ops against one), but no failure for any other reason.
+    assert result.returncode in (0, 1, 3), result.stdout + result.stderr
+    if result.returncode == 1:
+        signed = pd.read_parquet(out / "summary.parquet").query("verdict.notna()").iloc[0]
+        assert signed["reasons"] == "SLOWER", signed.to_dict()
     assert "Traceback" not in result.stderr
     # Progress goes to stderr. One GELU per layer (2) and one in the MLM head's transform.
     assert "patch replaced 3 site(s)" in result.stderr

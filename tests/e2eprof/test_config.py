@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from e2eprof.config import PRECISIONS, WORKLOAD_NAMES, CompareConfig, DeviceDefaults, resolve_device, suggest
+from e2eprof.config import DEFAULT_WORKLOADS, PRECISIONS, WORKLOAD_NAMES, CompareConfig, DeviceDefaults, resolve_device, suggest
 from e2eprof.errors import UsageError
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks behaviour on a machine without CUDA")
@@ -19,7 +19,7 @@ class TestDefaults:
         assert c.device == "cpu"
         assert (c.batch, c.seq, c.steps, c.block_steps, c.new_tokens, c.precision) == (1, 64, 6, 2, 8, "fp32")
         assert c.reference_arms == ("sdpa",) and c.budget_seconds == 0  # no compile arm, no adaptive length on CPU
-        assert c.workloads == WORKLOAD_NAMES
+        assert c.workloads == DEFAULT_WORKLOADS == ("train", "infer", "decode")
         assert c.n_blocks == 3
 
     def test_cuda_defaults(self):

@@ -10,6 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from types import SimpleNamespace
+
+from e2eprof.isolation import Placement
 from e2eprof.stats import warm_windows_agree, warmup_noise_bound
 from e2eprof.worker import ArmWorker
 
@@ -27,6 +30,7 @@ GENERATE_BASELINE = [173.5, 184.1, 236.7, 219.6, 213.7, 182.3, 171.6, 155.2, 166
 def replayed_warmup(steps_ms: list[float], window: int = 5, tolerance: float = 0.02, max_steps: int = 50) -> int:
     """How many steps ArmWorker.warmup runs when its steps take steps_ms (the GPU default's window, tolerance, cap)."""
     worker = ArmWorker.__new__(ArmWorker)  # no model: only the loop's stopping decisions are under test
+    worker.setup = SimpleNamespace(placement=Placement())
     replay = iter(steps_ms)
     worker._timed_step = lambda workload, phase, block: {"wall_ns": int(next(replay) * 1e6), "phase": phase}
     return len(worker.warmup("generate", window=window, tolerance=tolerance, max_steps=max_steps, max_seconds=60.0))

@@ -62,13 +62,16 @@ def _check_patch_on_model(patch: Patch, model: torch.nn.Module, input_ids: torch
         assert impl_calls[f"{impl}.fwd"] - before[f"{impl}.fwd"] == n
         torch.testing.assert_close(logits, stock_logits, rtol=0, atol=logits_atol)
 
-        applied.set_verify(True)
         before = impl_calls.copy()
         _, grads = train_step(model, input_ids)
+        assert impl_calls[f"{impl}.bwd"] - before[f"{impl}.bwd"] == n  # one backward per site, nothing else
+        # Verified, every call is also checked (and the checks call the kernel again: stress points run its backward).
+        applied.set_verify(True)
+        train_step(model, input_ids)
         applied.set_verify(False)
-        assert impl_calls[f"{impl}.bwd"] - before[f"{impl}.bwd"] == n
         checks = applied.checks()
         assert checks and sum(c.calls for c in checks) == n
+        assert all(c.stress_points > 0 for c in checks), "no stress point ran"
         assert all(c.passed for c in checks), [c.problems for c in checks]
     finally:
         applied.revert()

@@ -43,7 +43,8 @@ def unchanged(model, snap):
 def expected_keys(workload):
     if workload.name == "train":
         return {"loss", "logits"} | {f"grad/{n}" for n, _ in workload.model.named_parameters()}
-    return {"infer": {"logits", "loss"}, "generate": {"tokens", "prefill_logits"}}[workload.name]
+    return {"infer": {"logits", "loss"}, "decode": {"tokens", "prefill_logits"},
+            "generate": {"tokens", "prefill_logits"}}[workload.name]
 
 
 # --- step ---
@@ -55,7 +56,7 @@ def test_step_runs(name, precision):
     w = make_workload(name, tiny(), CPU, precision)
     for b in batches():
         metrics = w.step(b)
-    if name == "generate":
+    if name in ("decode", "generate"):
         assert set(metrics) == {"ttft_ms", "tpot_ms"} and metrics["ttft_ms"] > 0 and metrics["tpot_ms"] > 0
     else:
         assert metrics == {}
@@ -72,7 +73,7 @@ def test_train_step_changes_weights_and_keeps_train_mode(precision):
 
 
 def test_infer_and_generate_steps_leave_weights_alone():
-    for name in ("infer", "generate"):
+    for name in ("infer", "decode", "generate"):
         w = make_workload(name, tiny(), CPU, "fp32")
         before = snapshot(w.model)
         w.step(batches()[0])

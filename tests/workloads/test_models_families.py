@@ -129,8 +129,8 @@ def test_unknown_name_suggests_the_new_presets():
 
 
 def test_supported_workloads():
-    assert supported_workloads("llama") == ("train", "infer", "generate")
-    assert supported_workloads("gpt2") == ("train", "infer", "generate")
+    assert supported_workloads("llama") == ("train", "infer", "decode", "generate")
+    assert supported_workloads("gpt2") == ("train", "infer", "decode", "generate")
     assert supported_workloads("bert") == ("train", "infer")
 
 
@@ -138,7 +138,7 @@ def test_supported_workloads():
 def test_each_workload_runs_one_step(name):
     model = build(name)
     for workload in supported_workloads(model.config.model_type):
-        options = {"new_tokens": 3} if workload == "generate" else {}
+        options = {"new_tokens": 3} if workload in ("decode", "generate") else {}
         w = make_workload(workload, model, CPU, "fp32", **options)
         before = {k: v.clone() for k, v in model.state_dict().items()}
         metrics = w.step(batch())
@@ -148,7 +148,7 @@ def test_each_workload_runs_one_step(name):
         for key, value in out.items():
             if value.is_floating_point():
                 assert torch.isfinite(value).all(), (workload, key)
-        if workload == "generate":
+        if workload in ("decode", "generate"):
             assert set(metrics) == {"ttft_ms", "tpot_ms"} and out["tokens"].shape == (B, 3)
         else:
             assert out["loss"].shape == () and out["logits"].shape == (T, 512)
