@@ -94,11 +94,10 @@ class _Relay:
             event = self._markers.pop(marker) if marker is not None else None
         if event is not None:
             text = text[: -len(marker)]
-            event.set()
-            if not text:
-                return
-        if self.filter.keep(text):
+        if (text or event is None) and self.filter.keep(text):  # a worker's own blank line passes too
             os.write(self.target, text.encode("utf-8", errors="replace") + b"\n")
+        if event is not None:  # only now: whatever came before the marker is out
+            event.set()
 
     @contextmanager
     def as_fd2(self) -> Iterator[None]:

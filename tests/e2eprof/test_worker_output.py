@@ -67,12 +67,13 @@ def test_worker_processes_stderr_goes_through_the_filter(tmp_path):
                     process = context.Process(target=child, args=(index,))
                     process.start()
                 processes.append(process)
+            for process in processes:
+                process.join()
+            # Alone, after the others: a line left unfinished while another worker writes would run into its line.
             with worker_output.relayed():
                 process = context.Process(target=unfinished)
                 process.start()
-            processes.append(process)
-            for process in processes:
-                process.join()
+            process.join()
             worker_output.drain()
             print("parent done", file=sys.stderr)
     '''))
