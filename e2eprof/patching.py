@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from e2eprof import stress
 from e2eprof.errors import PatchError
 from e2eprof.patch import Patch
 from e2eprof.tensorcheck import Agreement, compare_to_reference, same_special_values
-from e2eprof import stress
 from e2eprof.unseen_shapes import neighbours
 
 
@@ -436,13 +436,16 @@ class CallRecorder:
             for i in floating:
                 inputs[i].data.copy_(saved[i])
 
+    def _row_length_free(self, args: tuple) -> bool:
+        """Whether the op takes rows of any length: a function, or a module without weights to fix the length."""
+        module = args[0] if self.skip else None
+        return module is None or not any(True for _ in module.parameters())
+
     def _check_unseen_shapes(self, check: OpCheck, args: tuple, kwargs: dict) -> None:
         """The same call on neighbouring shapes the model never used (e2eprof.unseen_shapes), each judged against
         the stock op and the fp64 reference like the model's own call. A kernel right only on the benchmark's
         shapes fails here; a neighbour the stock op rejects is not owed an answer and is skipped."""
-        module = args[0] if self.skip else None
-        row_length_free = module is None or not any(True for _ in module.parameters())
-        for shape, new_args, new_kwargs, fresh in neighbours(args, kwargs, self.skip, row_length_free):
+        for shape, new_args, new_kwargs, fresh in neighbours(args, kwargs, self.skip, self._row_length_free(args)):
             try:
                 stock, reference = self._expected(new_args, new_kwargs)
             except Exception:  # noqa: BLE001 - the stock op does not take this shape
@@ -465,10 +468,8 @@ class CallRecorder:
     def _check_stress(self, check: OpCheck, args: tuple, kwargs: dict) -> None:
         """The same call on its own inputs moved across the range the op can meet (e2eprof.stress), forward and
         backward, each judged against the stock op and fp64; held to the stock op where the stock op overflows."""
-        module = args[0] if self.skip else None
-        row_length_free = module is None or not any(True for _ in module.parameters())
         for name, new_args, new_kwargs in stress.points(args, kwargs, self.skip, self.patch.domain,
-                                                        row_length_free=row_length_free):
+                                                        row_length_free=self._row_length_free(args)):
             for direction, run in (("forward", stress.forward), ("backward", stress.backward)):
                 try:
                     stock, reference = run(self.original, self.patch.reference, new_args, new_kwargs, self.skip,

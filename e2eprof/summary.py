@@ -19,8 +19,8 @@ from e2eprof.config import AA_ARM, DECODING_WORKLOADS, CompareConfig
 from e2eprof.distributed.ranks import slowest_rank
 from e2eprof.sweep import OOM_METRIC, OUT_OF_MEMORY, SweepPoint
 from e2eprof.jit_events import COUNTS as COUNTED_JIT
-from e2eprof.verdict import (ARM_FAILED, INCONCLUSIVE, JIT_DURING_TIMING, NOT_CAPTURABLE, REPLICAS_DISAGREE, Verdict, decide, decide_aa,
-                             withhold_speed)
+from e2eprof.verdict import (ARM_FAILED, INCONCLUSIVE, JIT_DURING_TIMING, NOT_CAPTURABLE, REPLICAS_DISAGREE, Verdict,
+                             decide, decide_aa, withhold_speed)
 
 KERNEL_PROOF_METRICS = ("patched_calls", "custom_kernel_calls", "profile_complete")
 ADJUSTERS = {"holm": stats.holm, "bh": stats.benjamini_hochberg, "none": lambda p: [float(x) for x in p]}
@@ -87,13 +87,15 @@ class _Workload:
         if self._spread is None:
             by_process = {}
             for arm in ("baseline", self.candidate):
-                rows = self.samples.get(arm)
-                if rows is None or not len(rows):
-                    continue
-                groups = rows.groupby(rows["replica"].fillna(0)) if "replica" in rows else [(0, rows)]
-                by_process[arm] = [(_ms(g), g.block.to_numpy()) for _, g in groups]
+                if len(self.samples.get(arm, ())):
+                    by_process[arm] = [(_ms(g), g.block.to_numpy()) for g in self.per_process(arm)]
             self._spread = stats.process_spread(by_process, floor=self.config.process_noise, seed=self.config.seed)
         return self._spread
+
+    def per_process(self, arm: str) -> list[pd.DataFrame]:
+        """This arm's warm steps, one frame per process (steps without a replica id came from one)."""
+        rows = self.samples[arm]
+        return [g for _, g in rows.groupby(rows["replica"].fillna(0))] if "replica" in rows else [rows]
 
     def process_noise(self) -> float:
         """The process noise every interval of this workload carries: the device's (a floor, measured once per
@@ -245,10 +247,8 @@ def _replicas_finding(verdict: Verdict, data: "_Workload") -> Verdict:
     spread = data.spread()
     if not spread.p_disagree < REPLICAS_ALPHA:
         return verdict
-    medians = "; ".join(
-        f"{arm}: " + ", ".join(f"{float(np.median(_ms(g))):.2f}" for _, g in data.samples[arm].groupby(
-            data.samples[arm]["replica"].fillna(0))) + " ms"
-        for arm in ("baseline", data.candidate) if arm in data.samples and "replica" in data.samples[arm])
+    medians = "; ".join(f"{arm}: " + ", ".join(f"{float(np.median(_ms(g))):.2f}" for g in data.per_process(arm)) + " ms"
+                        for arm in ("baseline", data.candidate) if arm in data.samples)
     return withhold_speed(verdict, REPLICAS_DISAGREE,
                           f"identical processes of one arm disagree (per-process medians {medians}; chance "
                           f"{spread.p_disagree:.1e} under their steps' noise and a process noise of "

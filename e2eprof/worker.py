@@ -134,7 +134,8 @@ class ArmWorker:
         return result
 
     def release_after_oom(self, workload: str | None) -> None:
-        """Drop what the failed workload allocated (its optimizer state, gradients) and return cached memory."""
+        """Drop what the failed workload allocated (its optimizer state, gradients) and return cached memory (every
+        workload's when None)."""
         for name in [workload] if workload else list(self.workloads):
             self.workloads.pop(name, None)
         if getattr(self, "model", None) is not None:
@@ -144,11 +145,9 @@ class ArmWorker:
     # ---- commands -------------------------------------------------------------------------------------
     def end_workload(self, workload: str) -> dict:
         """This workload is done in this process: drop its state (a training loop's optimizer state and the model's
-        gradients) and the allocator's cache, so the next workload's memory is its own, not a carry-over."""
-        self.workloads.pop(workload, None)
-        if getattr(self, "model", None) is not None:
-            self.model.zero_grad(set_to_none=True)
-        release(self.device)
+        gradients) and the allocator's cache, so the next workload's memory is its own, not a carry-over. The same
+        clean-up as after running out of memory."""
+        self.release_after_oom(workload)
         return {}
 
     def release_cached_memory(self) -> dict:

@@ -20,7 +20,9 @@ next step's input. The graph is captured once, on the first step (the cold step)
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -70,19 +72,15 @@ class DecodeWorkload(_Decoding):
             tokens, prefill_logits, _ = self._decode(host_batch, replay=self.compiled)
         return {"tokens": tokens, "prefill_logits": self._out(prefill_logits)}
 
-    def eager(self):
-        """A context in which steps run without graphs: the profiler attributes ops to modules through Python
-        ranges, which replays do not run; the kernels are the same."""
-        workload = self
-
-        class _Eager:
-            def __enter__(self):
-                self.saved, workload.use_graphs = workload.use_graphs, False
-
-            def __exit__(self, *exc):
-                workload.use_graphs = self.saved
-
-        return _Eager()
+    @contextlib.contextmanager
+    def eager(self) -> Iterator[None]:
+        """Steps run without graphs inside: the profiler attributes ops to modules through Python ranges, which
+        replays do not run; the kernels are the same."""
+        saved, self.use_graphs = self.use_graphs, False
+        try:
+            yield
+        finally:
+            self.use_graphs = saved
 
     @torch.no_grad()
     def _decode(self, host_batch: torch.Tensor, replay: bool):
@@ -107,7 +105,7 @@ class DecodeWorkload(_Decoding):
 
     def _prefill(self, ids: torch.Tensor, state: SimpleNamespace) -> torch.Tensor:
         state.cache.reset()  # rewind: zeroes keys, values and their length in place (the graph keeps their addresses)
-        with self._autocast_uncached():
+        with self._autocast(cache_enabled=False):
             out = self.model(input_ids=ids, use_cache=True, **{self._cache_kwarg: state.cache})
         logits = out.logits[:, -1, :]  # (B, V)
         first = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
@@ -119,7 +117,7 @@ class DecodeWorkload(_Decoding):
     def _one_token(self, state: SimpleNamespace) -> None:
         """One decode forward on the last token; its argmax becomes the next input and joins `tokens`. Only tensor
         operations on fixed buffers, so a CUDA graph can capture it and every replay advances the decode by one."""
-        with self._autocast_uncached():
+        with self._autocast(cache_enabled=False):
             out = self.eager_model(input_ids=state.token, attention_mask=self._step_mask(state), use_cache=True,
                                    **{self._cache_kwarg: state.cache})
         nxt = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)  # (B, 1)
@@ -232,13 +230,5 @@ class DecodeWorkload(_Decoding):
         Hugging Face allocates them on first use and marks their addresses static only outside a trace; allocated
         inside the compiled prefill they count as mutated inputs, and Inductor then skips its CUDA graphs (seen on
         the H200: 'skipping cudagraphs due to mutated inputs (36 instances)' for gpt2's 12 layers)."""
-        with torch.no_grad(), self._autocast_uncached():
+        with torch.no_grad(), self._autocast(cache_enabled=False):
             self.eager_model(input_ids=ids, use_cache=True, **{self._cache_kwarg: self._state.cache})
-
-    def _autocast_uncached(self):
-        """Autocast without its weight-cast cache: a graph must recompute the casts it recorded on every replay
-        (the cache is emptied when the context exits), as torch's CUDA graph notes require."""
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
-        if dtype is None:
-            return torch.autocast(self.device.type, enabled=False)
-        return torch.autocast(self.device.type, dtype=dtype, cache_enabled=False)

@@ -114,9 +114,13 @@ class Workload:
 
     # -- helpers for subclasses --
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
+    def _autocast(self, cache_enabled: bool = True) -> contextlib.AbstractContextManager:
+        """This precision's autocast; cache_enabled=False recomputes weight casts on every use (a CUDA graph must,
+        since autocast's cast cache is emptied when the context exits)."""
         dtype = _AUTOCAST_DTYPES.get(self.precision)
-        return torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype, cache_enabled=cache_enabled)
 
     def _to_device(self, host_batch: torch.Tensor) -> torch.Tensor:
         # non_blocking: from pinned memory this is an async DMA the real loop overlaps with queued work.
