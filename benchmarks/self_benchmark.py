@@ -227,8 +227,8 @@ def aa_baseline_ms(s: Settings) -> tuple[float | None, str]:
 
 def part_sensitivity(s: Settings, first: int, levels: list[float], baseline_ms: float | None) -> list[dict]:
     """Planted slowdowns of each level: extra device work per softmax call sized from a measured baseline median."""
-    if s.workload not in ("train", "infer"):
-        raise UsageError("--workload: sensitivity needs train or infer (generate calls softmax once per token)")
+    if s.workload == "generate":
+        raise UsageError("--workload: sensitivity needs train, infer or decode (generate's softmax calls vary with the cache)")
     calls = softmax_calls_per_step(s.model, s.workload)
     baseline_run = ""
     if baseline_ms is None:
