@@ -21,6 +21,7 @@ import inspect
 import math
 import pkgutil
 import threading
+import time
 import types
 from collections import Counter
 from collections.abc import Callable
@@ -254,7 +255,9 @@ def call_check_rows(workload: str, arm: str, checks: list[dict]) -> list[dict]:
         if metric == "stress" and not failed:
             tried = sum(c.get("stress_points", 0) for c in checks)
             kinds = sorted({kind for c in checks for kind in c.get("stress_kinds", [])})
-            detail = (f"{tried} stress points of {len(checks)} call signatures checked ({', '.join(kinds)}): none wrong"
+            seconds = sum(c.get("stress_s", 0.0) for c in checks)
+            detail = (f"{tried} stress points of {len(checks)} call signatures checked ({', '.join(kinds)}) in "
+                      f"{seconds:.2f} s: none wrong"
                       if tried else "no stress point checked: the patch declares none, or the stock op took none")
         rows.append({"workload": workload, "arm": arm, "tensor": failed[0][0] if failed else "-", "metric": metric,
                      "value": float(count), "tolerance": 0.0, "passed": not failed, "detail": detail})
@@ -280,6 +283,7 @@ class OpCheck:
     unseen_shapes: int = 0  # neighbouring shapes checked (the stock op took them), wrong or not
     stress_points: int = 0  # stress points checked (e2eprof.stress), forward and backward each counted once
     stress_kinds: list[str] = field(default_factory=list)
+    stress_s: float = 0.0  # seconds the stress points took: what the check adds to the gate
 
     def add_finding(self, metric: str, detail: str) -> None:
         entry = self.findings.setdefault(metric, [0, detail])
@@ -307,6 +311,7 @@ class CallRecorder:
         self.calls = 0
         self.signatures: Counter[tuple] = Counter()
         self.verify = False
+        self.extended = True  # verify also runs the once-per-signature unseen-shape and stress checks
         self.checks: dict[str, OpCheck] = {}
 
     def __call__(self, *args, **kwargs):
@@ -344,9 +349,11 @@ class CallRecorder:
             self._check_repeatable(check, args, kwargs, out, before)
             self._check_fresh_contents(check, args, kwargs, inputs, [b if i not in mutated else None
                                                                       for i, b in enumerate(before)])
-            if check.calls == 1:  # once per signature: the neighbours of a shape do not change from call to call
+            if check.calls == 1 and self.extended:  # once per signature: a shape's neighbours and ranges stay put
                 self._check_unseen_shapes(check, args, kwargs)
                 self._check_stress(check, args, kwargs)
+            elif check.calls == 1:
+                self._check_backward(check, args, kwargs)
         if any(metric in findings for metric in UNUSABLE):
             # The model's next op would raise on this output (another device, another shape), and the arm would
             # then fail as a crash, losing the precise finding just recorded. Hand the model the stock output
@@ -468,9 +475,21 @@ class CallRecorder:
     def _check_stress(self, check: OpCheck, args: tuple, kwargs: dict) -> None:
         """The same call on its own inputs moved across the range the op can meet (e2eprof.stress), forward and
         backward, each judged against the stock op and fp64; held to the stock op where the stock op overflows."""
-        for name, new_args, new_kwargs in stress.points(args, kwargs, self.skip, self.patch.domain,
-                                                        row_length_free=self._row_length_free(args)):
-            for direction, run in (("forward", stress.forward), ("backward", stress.backward)):
+        started = time.perf_counter()
+        self._check_points(check, stress.points(args, kwargs, self.skip, self.patch.domain,
+                                                row_length_free=self._row_length_free(args)))
+        check.stress_s += time.perf_counter() - started
+
+    def _check_backward(self, check: OpCheck, args: tuple, kwargs: dict) -> None:
+        """The call's own inputs, backward only (its forward is the per-call check's): where the unseen-shape and
+        stress checks are left out, the gradients of these values are still judged (a trained-like model's calls)."""
+        self._check_points(check, [("as-called inputs", args, kwargs)], directions=("backward",))
+
+    def _check_points(self, check: OpCheck, points, directions=("forward", "backward")) -> None:
+        """Each (name, args, kwargs) point through the kernel, the stock op and the fp64 reference, in each direction."""
+        runs = {"forward": stress.forward, "backward": stress.backward}
+        for name, new_args, new_kwargs in points:
+            for direction, run in ((d, runs[d]) for d in directions):
                 try:
                     stock, reference = run(self.original, self.patch.reference, new_args, new_kwargs, self.skip,
                                            reference=True)
@@ -561,9 +580,12 @@ class AppliedPatch:
         for recorder in self.recorders:
             recorder.mark_ranges = on
 
-    def set_verify(self, on: bool) -> None:
+    def set_verify(self, on: bool, extended: bool = True) -> None:
+        """Verify every call (or stop); extended=False leaves out the unseen-shape and stress checks, which move a
+        call's inputs to shapes and ranges of their own and so need running only once per signature per run."""
         for recorder in self.recorders:
             recorder.verify = on
+            recorder.extended = extended
 
     def checks(self) -> list[OpCheck]:
         return [check for r in self.recorders for check in r.checks.values()]

@@ -27,20 +27,22 @@ from e2eprof.memory import MemoryTracker, check_test_limit, release
 from e2eprof.patching import AppliedPatch, apply_patch, check_model_fits
 from e2eprof.registry import load_patch
 from e2eprof.stats import warm_windows_agree
+from e2eprof.workloads import trained_like
 from e2eprof.workloads.batches import digest, synthetic_token_batches
-from e2eprof.workloads.loops import make_workload
+from e2eprof.workloads.loops import IGNORE_INDEX, make_workload
 from e2eprof.workloads.models import build_model, describe, resolve_model
 
 N_BATCHES = 4  # distinct seeded batches cycled through, so no step reuses the previous step's input buffer
 # The phase of memory.parquet each command's peaks belong to (timed blocks run as many commands: one phase).
-MEMORY_PHASES = {"cold": "cold", "capture": "correctness", "reference": "correctness", "warmup": "warmup",
+MEMORY_PHASES = {"cold": "cold", "capture": "correctness", "reference": "correctness", "trained_like": "correctness",
+                 "warmup": "warmup",
                  "block": "timing", "profile": "profile", "probe": "probe"}
 
 
 # Untimed checks whose memory (fp64 copies, verified calls' outputs, profiler buffers) must not stay in the allocator's
 # cache: the next phase's reserved peak would report it as its own (a patched arm's timed inference showed 23.8 GB
 # reserved against the baseline's 11.7 GB for the same step). Warm-up grows the cache back before anything is timed.
-RELEASE_AFTER = {"capture", "reference", "profile"}
+RELEASE_AFTER = {"capture", "reference", "trained_like", "profile"}
 
 
 # How a replica's process is keyed in the parent: "<arm>#<replica>" (the arm's first process is keyed "<arm>").
@@ -274,12 +276,13 @@ class ArmWorker:
         with gc_off_the_clock(self.setup.placement):
             return [self._timed_step(workload, "warm", block) for _ in range(steps)]
 
-    def capture(self, workload: str, path: str, verify: bool) -> dict:
-        """Correctness outputs on pristine weights, saved as safetensors; op-level checks when verifying."""
+    def capture(self, workload: str, path: str, verify: bool, extended: bool = True) -> dict:
+        """Correctness outputs on pristine weights, saved as safetensors; op-level checks when verifying (extended:
+        with the once-per-signature unseen-shape and stress checks, see AppliedPatch.set_verify)."""
         self._restore_pristine()
         instance = self._workload(workload)
         if self.applied is not None:
-            self.applied.set_verify(verify)
+            self.applied.set_verify(verify, extended)
         try:
             outputs = instance.capture(self.batches[0])
         finally:
@@ -292,6 +295,46 @@ class ArmWorker:
             for recorder in self.applied.recorders:
                 recorder.checks.clear()
         return {"path": path, "keys": sorted(outputs), "op_checks": checks}
+
+    def trained_like(self, workload: str) -> dict:
+        """The gate's extra capture on trained-like weights (workloads.trained_like): outlier channels, offset rows,
+        attention logits in the tens and a padded batch, every call of the patch checked as in `capture` (without
+        the unseen-shape and stress checks, which the gate's capture ran on these signatures). Forward, and
+        backward for train; the pristine weights and the gradients are back afterwards."""
+        if self.applied is None:
+            raise RuntimeError("the trained-like capture checks a patched arm's calls")
+        started = time.perf_counter()
+        instance = self._workload(workload)
+        ids, mask = trained_like.padded(self.batches[0], trained_like.pad_token_id(self.model.config))
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        self._restore_pristine()
+        backward = workload == "train"
+        saved = {p: p.grad for p in self.model.parameters()}
+        try:
+            try:
+                moved = trained_like.transform(self.model, ids, mask, seed=self.setup.seed)
+            except trained_like.NotTransformable as exc:
+                return {"op_checks": [], "skipped": str(exc)}
+            inputs = instance._model_inputs(ids, labels=backward) | {"attention_mask": mask}
+            if backward:  # the loss skips the pad positions, as a real padded batch's labels do
+                inputs["labels"] = inputs["labels"].masked_fill(mask == 0, IGNORE_INDEX)
+            for p in saved:
+                p.grad = None
+            self.applied.set_verify(True, extended=False)
+            with trained_like.eval_mode(self.model), torch.set_grad_enabled(backward):
+                with instance._autocast():
+                    out = self.model(**inputs)
+                if backward:
+                    out.loss.backward()
+        finally:
+            self.applied.set_verify(False)
+            for p, grad in saved.items():
+                p.grad = grad
+            self._restore_pristine()
+        checks = [vars(c) | {"problems": list(c.problems)} for c in self.applied.checks()]
+        for recorder in self.applied.recorders:
+            recorder.checks.clear()
+        return {"op_checks": checks, "transform": moved.describe(), "seconds": time.perf_counter() - started}
 
     def reference(self, workload: str, path: str) -> dict:
         """fp64 outputs of this arm's (stock) model on the same batch: the trusted reference.
