@@ -33,7 +33,9 @@ def layer_norm_forward(x2d: torch.Tensor, weight: torch.Tensor | None, bias: tor
     b = bias.to(compute) if bias is not None else None  # (cols,)
     for sl in row_chunks(rows, cols):
         xc = x2d[sl].to(compute)  # (r, cols); may alias x2d when already `compute`: never modified in place
-        m = xc.mul(1.0 / cols).sum(dim=1, keepdim=True)  # (r, 1); scaled first: a row near fp32's largest sums past it
+        m = xc.sum(dim=1, keepdim=True).div_(cols)  # (r, 1)
+        if not bool(torch.isfinite(m).all()):  # a row near the dtype's largest summed past it: scale first
+            m = torch.where(torch.isfinite(m), m, xc.mul(1.0 / cols).sum(dim=1, keepdim=True))
         centred = torch.sub(xc, m)  # (r, cols), fresh
         var = centred.square().sum(dim=1, keepdim=True).div_(cols)  # (r, 1)
         r = var.add_(eps).rsqrt_()  # (r, 1)

@@ -46,9 +46,11 @@ def _layernorm_fwd_row_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row_start + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK,)
-    # Each value scaled before the sum: a row of values near fp32's largest sums past it, and an infinite mean
-    # would turn every output into NaN where torch's layer_norm (a running mean) gives finite ones.
-    mean = tl.sum(x * (1.0 / n_cols), axis=0)
+    # A row of values near fp32's largest sums past it, and an infinite mean would turn every output into NaN where
+    # torch's layer_norm (a running mean) gives finite ones: then the mean of values scaled before the sum. Not
+    # always: scaling denormal values first loses their low bits.
+    total = tl.sum(x, axis=0)
+    mean = tl.where(tl.abs(total) < float("inf"), total / n_cols, tl.sum(x * (1.0 / n_cols), axis=0))
     centred = tl.where(mask, x - mean, 0.0)
     var = tl.sum(centred * centred, axis=0) / n_cols
     rstd = 1.0 / tl.sqrt(var + eps)
@@ -70,10 +72,14 @@ def _layernorm_fwd_looped_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     cols = tl.arange(0, BLOCK)
     # Pass 1: mean, from per-lane partial sums reduced once after the loop.
     acc = tl.zeros((BLOCK,), tl.float32)
+    scaled = tl.zeros((BLOCK,), tl.float32)  # as in the row kernel: the mean where the plain sum overflows
     for start in range(0, n_cols, BLOCK):
         offs = start + cols
-        acc += tl.load(x_ptr + row_start + offs, mask=offs < n_cols, other=0.0).to(tl.float32) * (1.0 / n_cols)
-    mean = tl.sum(acc, axis=0)  # of values scaled before the sum, as in the row kernel
+        x = tl.load(x_ptr + row_start + offs, mask=offs < n_cols, other=0.0).to(tl.float32)
+        acc += x
+        scaled += x * (1.0 / n_cols)
+    total = tl.sum(acc, axis=0)
+    mean = tl.where(tl.abs(total) < float("inf"), total / n_cols, tl.sum(scaled, axis=0))
     # Pass 2: variance of the centred values (no E[x^2] - E[x]^2 cancellation).
     acc = tl.zeros((BLOCK,), tl.float32)
     for start in range(0, n_cols, BLOCK):

@@ -216,6 +216,26 @@ def test_nan_and_inf_rows_like_the_stock_op(impl, cols):
     _assert_matches(y, reference_layer_norm(x, (cols,), weight, bias), TOL[F32])
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # interpreter: the plain sum overflows
+@pytest.mark.parametrize("cols", [768, LONG_FWD], ids=["row-kernel", "looped"])
+def test_rows_near_the_largest_float_stay_finite_like_the_stock_op(impl, cols):
+    """Values a quarter of fp32's largest sum past it: torch's CUDA layer_norm keeps a running mean, which stays
+    finite (its variance overflows, so its output is the bias), and the kernel must not give NaN there (the
+    H200's bf16 stress points found that); torch's CPU layer_norm gives NaN. Rows of denormals next to them keep
+    the plain sum's precision."""
+    x = _randn((3, cols), F32, seed=9)
+    x[0] = x[0].abs() * (torch.finfo(F32).max / 4 / x[0].abs().max())  # same sign: the plain sum overflows
+    x[1] = x[1] * (torch.finfo(F32).tiny / 8)  # denormals
+    weight, bias = _params((cols,), F32, "weight+bias")
+    y = fastlayernorm(x, (cols,), weight, bias)
+    stock = F.layer_norm(x, (cols,), weight, bias)
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y[0], bias.expand(cols))  # the variance overflows: x * 0 + bias, as torch on CUDA
+    if torch.isfinite(stock[0]).all():
+        torch.testing.assert_close(y[0], stock[0])
+    _assert_matches(y[1:], reference_layer_norm(x[1:], (cols,), weight, bias), TOL[F32])
+
+
 def test_deterministic(impl):
     x = _randn((37, 100), BF16, seed=7).requires_grad_()
     weight, bias = _leaves(*_params((100,), F32, "weight+bias"))
