@@ -108,7 +108,7 @@ def test_suggest():
 
 
 def test_decoding_is_profiled_over_one_step_after_one_warm_up_step():
-    from e2eprof.runner import profile_steps_for
+    from e2eprof.phases.profile import profile_steps_for
 
     config = CompareConfig(model="gpt2-tiny", patch="fastsoftmax", device="cpu", profile_warmup=2, profile_steps=3)
     assert profile_steps_for(config, "train") == (2, 3)

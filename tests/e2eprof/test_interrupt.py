@@ -7,7 +7,7 @@ import pytest
 
 from e2eprof import interrupt
 from e2eprof.cli import _stop_once
-from e2eprof.runner import _call, _overlapped
+from e2eprof.harness.pool import call, overlapped
 from tests.e2eprof.test_overlapped import Device, StandIn, state
 
 
@@ -35,14 +35,14 @@ def test_a_stop_swallowed_by_a_finalizer_is_raised_at_the_next_worker_command():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # spent: a second SIGTERM would be ignored
     arms = {"baseline": StandIn("baseline", Device())}
     with pytest.raises(interrupt.Terminated):
-        _call(arms, state(), "baseline", "block", {"workload": "train"})
+        call(arms, state(), "baseline", "block", {"workload": "train"})
     with pytest.raises(interrupt.Terminated):
-        _overlapped(arms, state(), {"baseline": ("capture", {"workload": "train"})})
+        overlapped(arms, state(), {"baseline": ("capture", {"workload": "train"})})
 
 
 def test_no_request_no_raise_and_a_handled_stop_is_forgotten():
     arms = {"baseline": StandIn("baseline", Device())}
-    assert _call(arms, state(), "baseline", "block", {"workload": "train"})["command"] == "block"
+    assert call(arms, state(), "baseline", "block", {"workload": "train"})["command"] == "block"
     interrupt.request(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt) as caught:
         interrupt.check()

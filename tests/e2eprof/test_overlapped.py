@@ -1,11 +1,11 @@
-"""runner._overlapped: untimed commands overlap across arms; an arm that runs out of memory beside others is retried
+"""harness.pool.overlapped: untimed commands overlap across arms; an arm that runs out of memory beside others is retried
 alone. Real worker processes run this path in every compare test (the correctness gate); here the arms are small
 in-process stand-ins so that "out of memory only while another arm works" can be provoked on purpose."""
 
 from types import SimpleNamespace
 
 from e2eprof.arm_process import ArmFailed
-from e2eprof.runner import _overlapped
+from e2eprof.harness.pool import overlapped
 from e2eprof.sweep import OOM_METRIC
 
 OOM = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
@@ -54,7 +54,7 @@ def state():
 def test_every_command_is_sent_before_any_answer_is_awaited():
     device = Device()
     arms = {n: StandIn(n, device) for n in ("a", "b", "c")}
-    results = _overlapped(arms, state(), {n: ("capture", {"workload": "train"}) for n in arms})
+    results = overlapped(arms, state(), {n: ("capture", {"workload": "train"}) for n in arms})
     assert device.log[:3] == ["send a", "send b", "send c"]
     assert sorted(results) == ["a", "b", "c"] and results["b"]["command"] == "capture"
 
@@ -64,7 +64,7 @@ def test_an_arm_out_of_memory_beside_others_is_retried_alone_and_kept():
     arms = {"a": StandIn("a", device),
             "big": StandIn("big", device, fails=lambda in_flight: OOM if in_flight > 1 else None)}
     s = state()
-    results = _overlapped(arms, s, {n: ("capture", {"workload": "train"}) for n in arms})
+    results = overlapped(arms, s, {n: ("capture", {"workload": "train"}) for n in arms})
     assert sorted(results) == ["a", "big"]
     assert s.correctness == [] and not s.out_of_memory and not s.arm_failures
     assert device.log[-2:] == ["send big", "receive big"]  # the retry ran with nothing else in flight
@@ -74,7 +74,7 @@ def test_out_of_memory_alone_too_is_recorded_and_the_arm_sits_the_workload_out()
     device = Device()
     arms = {"a": StandIn("a", device), "big": StandIn("big", device, fails=lambda in_flight: OOM)}
     s = state()
-    results = _overlapped(arms, s, {n: ("capture", {"workload": "train"}) for n in arms})
+    results = overlapped(arms, s, {n: ("capture", {"workload": "train"}) for n in arms})
     assert sorted(results) == ["a"]
     assert s.out_of_memory == {("big", "train")}
     assert [r["metric"] for r in s.correctness] == [OOM_METRIC]
@@ -84,7 +84,7 @@ def test_an_error_is_recorded_once_and_not_retried():
     device = Device()
     arms = {"a": StandIn("a", device), "bad": StandIn("bad", device, fails=lambda in_flight: "ValueError: wrong")}
     s = state()
-    results = _overlapped(arms, s, {n: ("capture", {"workload": "infer"}) for n in arms})
+    results = overlapped(arms, s, {n: ("capture", {"workload": "infer"}) for n in arms})
     assert sorted(results) == ["a"] and list(s.arm_failures) == ["bad"]
     assert device.log.count("send bad") == 1
     assert [r["metric"] for r in s.correctness] == ["arm_failed"]
@@ -96,17 +96,17 @@ def test_arms_already_failed_or_out_of_memory_are_not_asked():
     s = state()
     s.arm_failures["gone"] = ArmFailed("gone", "crash", "exit 1")
     s.out_of_memory.add(("full", "train"))
-    results = _overlapped(arms, s, {n: ("capture", {"workload": "train"}) for n in arms})
+    results = overlapped(arms, s, {n: ("capture", {"workload": "train"}) for n in arms})
     assert sorted(results) == ["a"] and device.log == ["send a", "receive a"]
 
 
 def test_without_retry_an_out_of_memory_arm_is_recorded_at_once():
-    # runner._broadcast (model builds): every model lives beside the others for the whole run, so no retry alone.
+    # harness.pool.broadcast (model builds): every model lives beside the others for the whole run, so no retry alone.
     device = Device()
     arms = {"a": StandIn("a", device),
             "big": StandIn("big", device, fails=lambda in_flight: OOM if in_flight > 1 else None)}
     s = state()
-    results = _overlapped(arms, s, {n: ("build", {}) for n in arms}, retry_out_of_memory=False)
+    results = overlapped(arms, s, {n: ("build", {}) for n in arms}, retry_out_of_memory=False)
     assert sorted(results) == ["a"] and list(s.arm_failures) == ["big"]
     assert device.log.count("send big") == 1
 
@@ -117,7 +117,7 @@ def test_before_a_retry_alone_the_other_processes_empty_their_caches():
     device = Device()
     arms = {"a": StandIn("a", device), "b": StandIn("b", device),
             "big": StandIn("big", device, fails=lambda in_flight: OOM if in_flight > 1 else None)}
-    results = _overlapped(arms, state(), {n: ("capture", {"workload": "train"}) for n in arms})
+    results = overlapped(arms, state(), {n: ("capture", {"workload": "train"}) for n in arms})
     assert sorted(results) == ["a", "b", "big"]
     assert device.commands[3:] == [("a", "release_cached_memory"), ("b", "release_cached_memory"), ("big", "capture")]
 
@@ -125,7 +125,7 @@ def test_before_a_retry_alone_the_other_processes_empty_their_caches():
 def test_no_out_of_memory_means_no_release():
     device = Device()
     arms = {n: StandIn(n, device) for n in ("a", "b")}
-    _overlapped(arms, state(), {n: ("capture", {"workload": "train"}) for n in arms})
+    overlapped(arms, state(), {n: ("capture", {"workload": "train"}) for n in arms})
     assert [command for _, command in device.commands] == ["capture", "capture"]
 
 

@@ -10,7 +10,7 @@ import pytest
 from e2eprof import stats
 from e2eprof.config import AA_ARM, DeviceDefaults, CompareConfig
 from e2eprof.errors import UsageError
-from e2eprof.runner import _stop_reason
+from e2eprof.phases.timing import stop_reason
 from e2eprof.summary import summarize
 from e2eprof.verdict import FAIL, INCONCLUSIVE, PASS
 
@@ -112,15 +112,15 @@ def stop_config(**changes):
 
 def test_stopping_counts_the_noise_and_gives_up_on_a_target_inside_it():
     tight = State(adaptive_steps(noise=0.001))
-    assert _stop_reason(stop_config(process_noise=0.0), tight, "train", blocks=10, elapsed=1.0) == "target interval reached"
+    assert stop_reason(stop_config(process_noise=0.0), tight, "train", blocks=10, elapsed=1.0) == "target interval reached"
     # 0.6% noise alone gives +-1.2%: a 1% target can never be reached, so timing stops at once and says why.
-    assert _stop_reason(stop_config(process_noise=0.006), tight, "train", blocks=10, elapsed=1.0) == \
+    assert stop_reason(stop_config(process_noise=0.006), tight, "train", blocks=10, elapsed=1.0) == \
         "target below the process noise"
     # 0.45% gives +-0.88%: reachable, but only once the within-run part is under ~0.47%.
-    assert _stop_reason(stop_config(process_noise=0.0045), tight, "train", blocks=10, elapsed=1.0) == "target interval reached"
+    assert stop_reason(stop_config(process_noise=0.0045), tight, "train", blocks=10, elapsed=1.0) == "target interval reached"
     middling = State(adaptive_steps(noise=0.012))
-    assert _stop_reason(stop_config(process_noise=0.0), middling, "train", blocks=10, elapsed=1.0) == "target interval reached"
-    assert _stop_reason(stop_config(process_noise=0.0045), middling, "train", blocks=10, elapsed=1.0) is None
+    assert stop_reason(stop_config(process_noise=0.0), middling, "train", blocks=10, elapsed=1.0) == "target interval reached"
+    assert stop_reason(stop_config(process_noise=0.0045), middling, "train", blocks=10, elapsed=1.0) is None
 
 
 def test_defaults_by_device_and_a_bad_value_is_a_usage_error():

@@ -14,7 +14,9 @@ from e2eprof import stats
 from e2eprof.arm_process import ArmFailed
 from e2eprof.config import AA_ARM, CompareConfig, DeviceDefaults
 from e2eprof.errors import UsageError
-from e2eprof.runner import _arms, _call, _process_failed, _stop_reason, _with_replicas
+from e2eprof.harness.pool import call, process_failed
+from e2eprof.phases.timing import stop_reason
+from e2eprof.runner import _arms, _with_replicas
 from e2eprof.summary import summarize
 from e2eprof.verdict import FAIL
 from e2eprof.worker import arm_of
@@ -93,24 +95,24 @@ def test_a_replica_out_of_memory_is_dropped_and_its_arm_goes_on():
     processes = {"baseline": Process(), "baseline#1": Process()}
     replica = processes["baseline#1"]
     state = run_state()
-    _process_failed(processes, state, "baseline#1", ArmFailed("baseline", "error", OOM), "cold", "train")
+    process_failed(processes, state, "baseline#1", ArmFailed("baseline", "error", OOM), "cold", "train")
     assert "baseline#1" not in processes and replica.closed
     assert state.arm_failures == {} and state.out_of_memory == set()
     row = state.correctness[-1]
     assert (row["arm"], row["metric"], row["passed"], row["workload"]) == ("baseline", "replica_dropped", True, "train")
     # A round of blocks listed its processes before the drop: the dropped one is skipped, not a KeyError.
-    assert _call(processes, state, "baseline#1", "block", {"workload": "train"}) is None
+    assert call(processes, state, "baseline#1", "block", {"workload": "train"}) is None
 
 
 def test_any_other_failure_of_a_replica_fails_its_arm():
     processes = {"patched": Process(), "patched#1": Process()}
     state = run_state()
-    _process_failed(processes, state, "patched#1", ArmFailed("patched", "crash", "worker process exited with code -11"),
+    process_failed(processes, state, "patched#1", ArmFailed("patched", "crash", "worker process exited with code -11"),
                     "block", "train")
     assert "patched" in state.arm_failures and state.correctness[-1]["metric"] == "arm_failed"
     # The arm's first process out of memory is the arm's, as without replicas: it sits the workload out.
     state = run_state()
-    _process_failed(processes, state, "patched", ArmFailed("patched", "error", OOM), "cold", "train")
+    process_failed(processes, state, "patched", ArmFailed("patched", "error", OOM), "cold", "train")
     assert ("patched", "train") in state.out_of_memory and "patched" in processes
 
 
@@ -154,8 +156,8 @@ def test_the_stop_rule_uses_the_noise_of_the_processes_that_ran():
 
     config = cpu_config(budget_seconds=60.0, process_noise=0.0055, target_half_width=0.01)
     # 0.55% alone gives +-1.08% with one process per arm: out of reach; with two per arm +-0.76%: reached.
-    assert _stop_reason(config, State(rows(1)), "train", blocks=10, elapsed=1.0) == "target below the process noise"
-    assert _stop_reason(config, State(rows(2)), "train", blocks=10, elapsed=1.0) == "target interval reached"
+    assert stop_reason(config, State(rows(1)), "train", blocks=10, elapsed=1.0) == "target below the process noise"
+    assert stop_reason(config, State(rows(2)), "train", blocks=10, elapsed=1.0) == "target interval reached"
 
 
 def test_self_benchmark_judges_aa_runs_at_the_default_process_count():

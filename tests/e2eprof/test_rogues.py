@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from e2eprof.cli import main
 from e2eprof.correctness import op_check_rows
 from e2eprof.patching import CALL_CHECK_METRICS, call_check_rows
-from e2eprof.runner import kernel_ran_rows, thread_rows
+from e2eprof.phases.proof import kernel_ran_rows, thread_rows
 from e2eprof.worker import ArmSpec, ArmWorker, WorkerSetup
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,118 @@
+"""Commands to a run's arm processes: one at a time, to all, or overlapped where nothing is timed. A process that
+fails is recorded (not raised) and its arm left out from then on, so every other arm's data is kept."""
+
+from __future__ import annotations
+
+import math
+
+from e2eprof import interrupt
+from e2eprof.arm_process import ArmFailed, ArmProcess
+from e2eprof.harness.state import RunState
+from e2eprof.sweep import is_oom, oom_row
+from e2eprof.worker import arm_of, is_replica
+
+
+def broadcast(processes: dict[str, ArmProcess], state: RunState, command: str, **kwargs) -> dict[str, dict]:
+    """Send one command to every live arm, then collect: slow phases (model builds) overlap across arms.
+
+    A failure, out of memory included, is recorded as it comes: a build that does not fit beside the others is not
+    retried (an arm that cannot be built alongside the others cannot be measured alongside them either); a
+    replica that does not fit is left out and its arm goes on (process_failed).
+    """
+    return overlapped(processes, state, {name: (command, kwargs) for name in processes}, retry_out_of_memory=False)
+
+
+def process_failed(processes: dict[str, ArmProcess], state: RunState, key: str, failure: ArmFailed, phase: str,
+                    workload: str = "*") -> None:
+    """A process of an arm failed. A replica that ran out of memory beside the other processes is closed and left
+    out, with a row saying so: its arm goes on with fewer processes (and an interval with more process noise).
+    Anything else is its arm's failure (the same code failed), recorded by record_failure.
+    """
+    if is_replica(key) and is_oom(failure):
+        state.correctness.append({
+            "workload": workload, "arm": arm_of(key), "tensor": "-", "metric": "replica_dropped", "value": 1.0,
+            "tolerance": math.nan, "passed": True,  # informational: the arm stays, its interval widens
+            "detail": f"{key} ran out of memory during {phase} beside the other processes: {failure.message}"})
+        processes.pop(key).close()
+        return
+    record_failure(state, failure, phase, workload)
+
+
+def record_failure(state: RunState, failure: ArmFailed, phase: str, workload: str = "*") -> None:
+    if is_oom(failure):
+        # Not a bug in the arm: this point is too large for it. Recorded, and the arm sits out this workload only
+        # (the worker has freed what the workload held); running out while building leaves it nothing to run.
+        state.correctness.append(oom_row(workload, failure.arm, phase, failure.message))
+        if workload != "*":
+            state.out_of_memory.add((failure.arm, workload))
+            return
+        state.arm_failures[failure.arm] = failure
+        return
+    state.arm_failures[failure.arm] = failure
+    state.correctness.append({"workload": workload, "arm": failure.arm, "tensor": "-", "metric": "arm_failed",
+                              "value": math.nan, "tolerance": math.nan, "passed": False,
+                              "detail": f"during {phase}: {failure}"})
+
+
+def left_out(processes, state, key: str, workload: str | None) -> bool:
+    """Whether a process gets no more commands: a replica dropped since the caller listed the processes
+    (process_failed), an arm that failed, or one out of memory in this workload."""
+    return key not in processes or arm_of(key) in state.arm_failures or (arm_of(key), workload) in state.out_of_memory
+
+
+def call(processes, state, key: str, command: str, args: dict | None = None):
+    """One command to one arm's process (key: the arm, or "<arm>#<replica>"); a failure is recorded (not raised)
+    and the arm, all its processes, is left out from then on."""
+    args = args or {}
+    interrupt.check()
+    if left_out(processes, state, key, args.get("workload")):
+        return None
+    try:
+        return processes[key].call(command, **args)
+    except ArmFailed as failure:
+        process_failed(processes, state, key, failure, command, args.get("workload", "*"))
+        return None
+
+
+def overlapped(processes, state, calls: dict[str, tuple[str, dict]], *,
+                retry_out_of_memory: bool = True) -> dict[str, object]:
+    """One command per arm, all sent before any answer is awaited: untimed work overlaps across arms.
+
+    Only for work that is not timed (correctness captures): the compile arm's recompilation for eval mode, the fp64
+    reference and the other arms' captures then take as long as the slowest of them, not their sum. An arm that
+    runs out of memory beside the others is asked again alone, as it would have been run before, once every other
+    process has emptied its allocator cache; a second failure is recorded like any other (with
+    retry_out_of_memory=False, the first). Results by arm; a failed arm is left out.
+    """
+    interrupt.check()
+    sent = []
+    for arm, (command, args) in calls.items():
+        if left_out(processes, state, arm, args.get("workload")):
+            continue
+        try:
+            processes[arm].send(command, **args)
+            sent.append(arm)
+        except ArmFailed as failure:
+            process_failed(processes, state, arm, failure, command, args.get("workload", "*"))
+    results, alone = {}, []
+    for arm in sent:
+        try:
+            results[arm] = processes[arm].receive()
+        except ArmFailed as failure:
+            if retry_out_of_memory and is_oom(failure):
+                alone.append(arm)
+            else:
+                process_failed(processes, state, arm, failure, calls[arm][0], calls[arm][1].get("workload", "*"))
+    if alone:
+        # Before the retries, the other processes give their allocator caches back: their own work in this round
+        # (captures, an fp64 reference) has just filled them, and an arm retried alone still shares the device
+        # with every process's cache. llama-1b's train gate on the H200 ran out this way with two processes per
+        # arm and the compile arm beside the fp64 reference.
+        overlapped(processes, state, {key: ("release_cached_memory", {}) for key in processes if key not in alone},
+                    retry_out_of_memory=False)
+    for arm in alone:
+        command, args = calls[arm]
+        result = call(processes, state, arm, command, args)
+        if result is not None:
+            results[arm] = result
+    return results

@@ -1,0 +1,130 @@
+"""The correctness gate and the checks after timing: the fp64 reference and every arm's capture, the patched arm's
+per-call checks, its trained-like capture, a diagnosis when it failed early, and its revalidation after timing."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from e2eprof.arm_process import ArmFailed
+from e2eprof.correctness import compare_captures, op_check_rows
+from e2eprof.distributed import ranks as dp
+from e2eprof.harness.pool import call, overlapped
+from e2eprof.harness.unit import Unit
+from e2eprof.patching import call_check_rows
+from e2eprof.sweep import is_oom
+from e2eprof.worker import scratch_path
+
+
+def correctness_gate(unit: Unit) -> None:
+    """fp64 reference from the stock baseline, captures of every arm on pristine weights, op checks in the patched arm.
+
+    The captures of the other arms overlap the baseline's fp64 reference; the baseline's own capture follows it.
+    """
+    config, workload, processes, state, patch, scratch = unit.config, unit.workload, unit.processes, unit.state, unit.patch, unit.scratch
+    live = unit.first  # correctness is a property of an arm's code: its first process is checked
+    def capture(arm):
+        return "capture", {"workload": workload, "path": scratch_path(str(scratch), arm, workload, "capture"),
+                           "verify": arm == "patched"}
+
+    first = {arm: capture(arm) for arm in live() if arm != "baseline"}
+    first["baseline"] = ("reference", {"workload": workload,
+                                       "path": scratch_path(str(scratch), "fp64", workload, "reference")})
+    results = overlapped(processes, state, first)
+    reference = results.pop("baseline", None)
+    if "baseline" in live():
+        baseline = call(processes, state, "baseline", *capture("baseline"))
+        if baseline is not None:
+            results["baseline"] = baseline
+    captures = {}
+    for arm in live():  # in the arms' order, so the rows are too
+        result = results.get(arm)
+        if result:
+            captures[arm] = result["path"]
+            state.correctness += op_check_rows(workload, arm, result["op_checks"])
+            if arm == "patched":
+                state.correctness += call_check_rows(workload, arm, result["op_checks"])
+            state.correctness += dp.rank_agreement_rows(workload, arm, result, dp.agreement_tolerance(patch, config.precision))
+    device_type = str(config.device).split(":")[0]
+    if reference and reference.get("device", device_type) != device_type:
+        state.correctness.append({  # informational: where the trusted values came from
+            "workload": workload, "arm": "baseline", "tensor": "-", "metric": "reference_on_host", "value": 1.0,
+            "tolerance": math.nan, "passed": True,
+            "detail": f"the fp64 reference did not fit on {config.device} beside the other arms' processes and ran "
+                      f"on the host instead (same model, weights and batch)"})
+    if reference and "baseline" in captures:
+        state.correctness += compare_captures(workload, reference["path"], captures, patch, config.precision)
+
+
+def trained_like_check(unit: Unit) -> None:
+    """The patched arm's calls checked once more on trained-like weights and a padded batch (workloads.trained_like):
+    the values real checkpoints give kernels, which a random-init model never does. One row, metric "trained_like"."""
+    workload, processes, state = unit.workload, unit.processes, unit.state
+    if "patched" not in processes or "patched" in state.arm_failures:
+        return
+    result = call(processes, state, "patched", "trained_like", {"workload": workload})
+    if result is None:
+        return  # recorded as arm_failed
+    if result.get("skipped"):
+        state.correctness.append({"workload": workload, "arm": "patched", "tensor": "-", "metric": "trained_like",
+                                  "value": 0.0, "tolerance": 0.0, "passed": True,
+                                  "detail": f"not run: {result['skipped']}"})
+        return
+    checks = result["op_checks"]
+    rows = op_check_rows(workload, "patched", checks) + call_check_rows(workload, "patched", checks)
+    failed = [r for r in rows if not r["passed"]]
+    calls = sum(c["calls"] for c in checks)
+    detail = (f"{result['transform']}: " + ("; ".join(f"{r['metric']} {r['tensor']}: {r['detail'].removeprefix(r['tensor'] + ': ')}" for r in failed[:3])
+                                            if failed else f"{calls} calls of {len(checks)} signatures checked in "
+                                                           f"{result['seconds']:.2f} s, none wrong"))
+    state.correctness.append({"workload": workload, "arm": "patched", "tensor": "-", "metric": "trained_like",
+                              "value": float(len(failed)), "tolerance": 0.0, "passed": not failed,
+                              "detail": detail[:600] if checks else f"{result['transform']}: the patch was not called"})
+
+
+def diagnose_failure(unit: Unit) -> None:
+    """The patched arm raised before its checks ran: run its verified capture anyway, to say why.
+
+    An output the model cannot use (on another device, of another shape) makes the model's next op raise in the
+    cold step, before any per-call check; the verified call records such a finding and hands the model the stock
+    output, so this capture usually finishes and names the check (output_device, ...) next to the arm_failed row.
+    A worker that died, or a kernel that raises again, tells nothing more: the arm_failed row stands alone.
+    """
+    workload, processes, state, scratch = unit.workload, unit.processes, unit.state, unit.scratch
+    failure = state.arm_failures.get("patched")
+    if failure is None or failure.kind != "error" or is_oom(failure):
+        return
+    try:
+        result = processes["patched"].call("capture", workload=workload, verify=True,
+                                           path=scratch_path(str(scratch), "patched", workload, "diagnosis"))
+    except ArmFailed:
+        return
+    state.correctness += op_check_rows(workload, "patched", result["op_checks"])
+    state.correctness += call_check_rows(workload, "patched", result["op_checks"])
+
+
+def revalidate(unit: Unit) -> None:
+    """After timing, check the patched arm once more: a kernel right during the gate but wrong later fails here.
+
+    The same capture as the gate (pristine weights, the gate's batch, so the fp64 reference still applies), with
+    every call checked again, including with new contents at the same addresses. One row, metric "revalidation".
+    """
+    config, workload, processes, state, patch, scratch = unit.config, unit.workload, unit.processes, unit.state, unit.patch, unit.scratch
+    if "patched" not in processes or "patched" in state.arm_failures:
+        return
+    result = call(processes, state, "patched", "capture", {
+        "workload": workload, "path": scratch_path(str(scratch), "patched", workload, "revalidate"), "verify": True,
+        "extended": False})  # the gate moved these signatures' inputs to other shapes and ranges: not again
+    if result is None:
+        return  # recorded as arm_failed
+    rows = op_check_rows(workload, "patched", result["op_checks"]) + call_check_rows(workload, "patched", result["op_checks"])
+    reference = Path(scratch_path(str(scratch), "fp64", workload, "reference"))
+    baseline = Path(scratch_path(str(scratch), "baseline", workload, "capture"))
+    if reference.exists() and baseline.exists():
+        rows += [r for r in compare_captures(workload, str(reference), {"baseline": str(baseline), "patched": result["path"]},
+                                             patch, config.precision) if r["arm"] == "patched"]
+    failed = [r for r in rows if not r["passed"]]
+    detail = "; ".join(f"{r['metric']} {r['tensor']}: {r['detail']}" for r in failed[:3]) if failed else \
+        f"{len(rows)} checks passed again after timing"
+    state.correctness.append({"workload": workload, "arm": "patched", "tensor": "-", "metric": "revalidation",
+                              "value": float(len(failed)), "tolerance": 0.0, "passed": not failed, "detail": detail})

@@ -1,0 +1,91 @@
+"""Timed blocks in alternating arm order, and the rule that stops them: the interval's width, never its side of 1."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pandas as pd
+
+from e2eprof import stats
+from e2eprof.config import AA_ARM, CompareConfig
+from e2eprof.distributed import ranks as dp
+from e2eprof.harness.pool import call
+from e2eprof.harness.unit import Unit
+from e2eprof.summary import summary_interval
+
+
+def timed_blocks(unit: Unit) -> None:
+    """Interleaved blocks: the fixed --steps first, then more rounds until the interval is tight enough.
+
+    The stopping rule looks at the interval's width only, never at which side of 1 it lies: stopping when a
+    result looks significant would inflate false alarms, stopping on precision does not.
+    """
+    config, workload, processes, state, events, live = unit.config, unit.workload, unit.processes, unit.state, unit.events, unit.live
+    events("timing", workload=workload, total=config.n_blocks * len(live()))
+    order = live()
+    started = time.perf_counter()
+    block, reason = 0, "fixed steps"
+    while True:
+        steps = min(config.block_steps, config.steps - block * config.block_steps) if block < config.n_blocks else config.block_steps
+        # Alternate the order each round (ABC, CBA, ...): ABBA for two arms, balanced for three.
+        for arm in (order if block % 2 == 0 else list(reversed(order))):
+            state.steps += call(processes, state, arm, "block", {"workload": workload, "block": block, "steps": steps}) or []
+            events("advance", workload=workload)
+        state.flush()
+        block += 1
+        if block < config.n_blocks:
+            continue
+        reason = stop_reason(config, state, workload, block, time.perf_counter() - started)
+        if reason:
+            break
+        events("timing_extend", workload=workload, total=(block + 1) * len(live()))
+    state.timing[(state.point.id, workload)] = {"blocks": block, "stop_reason": reason, "timing_s": time.perf_counter() - started}
+
+
+# How many budgets' worth of projected timing make the target interval "out of reach" (see stop_reason).
+OUT_OF_REACH = 2.0
+
+
+def stop_reason(config, state, workload: str, blocks: int, elapsed: float) -> str | None:
+    """Why timing may stop now, or None to run another round."""
+    if config.budget_seconds <= 0:
+        return "fixed steps"
+    candidate = candidate_arm(config)
+    if candidate in state.arm_failures or "baseline" in state.arm_failures:
+        return "arm failed"
+    if {(candidate, workload), ("baseline", workload)} & state.out_of_memory:
+        return "out of memory"
+    here = state.point.id  # rows of earlier points carry their own id; this point's may not be stamped yet
+    warm = dp.slowest_rank([s for s in state.steps if s["workload"] == workload and s["phase"] == "warm"
+                            and s.get("point", here) == here])
+    base = [s for s in warm if s["arm"] == "baseline"]
+    cand = [s for s in warm if s["arm"] == candidate]
+    if len(base) >= 2 and len(cand) >= 2:
+        # The summary's own interval (its process noise included: the device's floor or what these replicas show),
+        # so timing stops on the interval the verdict will use.
+        whole = summary_interval(pd.DataFrame(base + cand), workload, config, candidate, n_boot=1000)
+        if stats.ci_halfwidth_rel(whole) <= config.target_half_width:
+            return "target interval reached"
+        ci = stats.without_process_noise(whole)
+        noise = whole.process_noise
+        # Precision, not the result, again: the within-run part of an interval narrows about as 1/sqrt(time) while
+        # the process-noise part does not, so timing stops when even OUT_OF_REACH budgets would not bring the whole
+        # interval to the target (host-bound decoding on the H200: +-7% after 30 s, which the 60 s budget cannot
+        # bring near 1%), or at once when the process noise alone is wider than the target.
+        floor = stats.process_noise_half_width(noise, config.confidence)
+        if floor >= config.target_half_width:
+            return "target below the process noise"
+        needed = math.sqrt(config.target_half_width ** 2 - floor ** 2)
+        if elapsed * (stats.ci_halfwidth_rel(ci) / needed) ** 2 > OUT_OF_REACH * config.budget_seconds:
+            return "target out of reach within the budget"
+    if elapsed >= config.budget_seconds:
+        return "time budget spent"
+    if blocks >= config.max_blocks:
+        return "block limit reached"
+    return None
+
+
+def candidate_arm(config: CompareConfig) -> str:
+    """The arm whose speedup over the baseline is judged: the patched model, or the second baseline in A/A."""
+    return AA_ARM if config.aa else "patched"
