@@ -23,7 +23,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from e2eprof.worker import ArmSpec, ArmWorker, WorkerSetup
+from e2eprof.harness.protocol import ArmSpec, WorkerSetup
+from e2eprof.worker import ArmWorker
 
 
 def synchronize(device: str) -> None:

@@ -273,7 +273,8 @@ def part_overhead(s: Settings, blocks: int) -> list[dict]:
     import torch
 
     from e2eprof.telemetry import open_sampler
-    from e2eprof.worker import ArmSpec, ArmWorker, WorkerSetup
+    from e2eprof.harness.protocol import ArmSpec, WorkerSetup
+    from e2eprof.worker import ArmWorker
 
     d = s.resolved()
     worker = ArmWorker(WorkerSetup(arm=ArmSpec("baseline", "eager", False), model=s.model, patch_spec="fastsoftmax",

@@ -5,7 +5,15 @@ from __future__ import annotations
 import multiprocessing as mp
 
 from e2eprof import isolation, worker_output
-from e2eprof.worker import WorkerSetup, worker_main
+from e2eprof.harness.protocol import Command, WorkerSetup
+
+
+def _run_worker(conn, setup: WorkerSetup) -> None:
+    """The spawned process's entry point. The worker's code, and torch with it, is imported there: never in the
+    parent, which only speaks the protocol (e2eprof.harness.protocol)."""
+    from e2eprof.worker import worker_main
+
+    worker_main(conn, setup)
 
 
 class ArmFailed(Exception):
@@ -27,7 +35,7 @@ class ArmProcess:
         # spawn, not fork: a forked child would inherit CUDA state and any patch the parent imported.
         context = mp.get_context("spawn")
         self._conn, child_conn = context.Pipe()
-        self._process = context.Process(target=worker_main, args=(child_conn, setup), name=f"e2eprof-{setup.arm.key}", daemon=True)
+        self._process = context.Process(target=_run_worker, args=(child_conn, setup), name=f"e2eprof-{setup.arm.key}", daemon=True)
         # Its stderr goes through the parent's filter (third-party chatter out); its OpenMP settings must be in its
         # environment before it loads torch.
         with worker_output.relayed(), isolation.environment(setup.placement.environment()):
@@ -36,11 +44,11 @@ class ArmProcess:
         self.failed: ArmFailed | None = None
         self._close_requested = False
 
-    def send(self, command: str, **kwargs) -> None:
+    def send(self, command: Command) -> None:
         if self.failed:
             raise self.failed
         try:
-            self._connection().send((command, kwargs))
+            self._connection().send((command.name, command.args()))
         except (BrokenPipeError, OSError):
             self._crashed()
 
@@ -59,8 +67,8 @@ class ArmProcess:
             raise ArmFailed(self.name, "error", f"{payload['type']}: {payload['message']}", payload["traceback"])
         return payload
 
-    def call(self, command: str, **kwargs):
-        self.send(command, **kwargs)
+    def call(self, command: Command):
+        self.send(command)
         return self.receive()
 
     # Hooks a worker group (e2eprof.distributed.launch) overrides: its connection arrives later, its process is torchrun.

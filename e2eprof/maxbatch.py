@@ -31,7 +31,7 @@ from e2eprof.runner import (
     recording_status,
 )
 from e2eprof.sweep import is_oom, search_max_batch
-from e2eprof.worker import WorkerSetup
+from e2eprof.harness.protocol import Build, Probe, WorkerSetup
 
 PROBED_WORKLOADS = ("train", "infer")  # generate holds less than a train step and about what infer holds
 
@@ -77,12 +77,12 @@ def _search_arm(config: CompareConfig, arm, seq: int, precision: str, workloads:
                                      new_tokens=config.new_tokens, scratch_dir=""))
 
     def fits(batch: int) -> bool:
-        result = process.call("probe", batch=batch, workloads=workloads)
+        result = process.call(Probe(batch, list(workloads)))
         probes.append(result)
         return result["fits"]
 
     try:
-        process.call("build")
+        process.call(Build())
         best, _ = search_max_batch(fits, config.max_batch)
         failed = [p["batch"] for p in probes if not p["fits"]]
         row |= {"max_batch": best, "capped": best == config.max_batch, "smallest_failed": min(failed) if failed else None,

@@ -45,7 +45,8 @@ from e2eprof.registry import LoadedPatch, load_patch
 from e2eprof.summary import attach_memory, summarize, verdict_key
 from e2eprof.sweep import SweepPoint, by_point, is_oom
 from e2eprof.verdict import EXIT_CODES, Verdict, flag_implausible, worst
-from e2eprof.worker import ArmSpec, WorkerSetup, is_replica
+from e2eprof.harness.protocol import (ArmSpec, Build, Cold, Counters, EndWorkload, JitCounts, MemoryPeaks, Warmup,
+                                      WorkerSetup, is_replica)
 from e2eprof.workloads.loops import check_workloads
 from e2eprof.workloads.models import ModelLoadError, resolve_model
 
@@ -310,7 +311,7 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
                     precision=config.precision, seed=config.seed, batch=config.batch, seq=config.seq,
                     new_tokens=config.new_tokens, scratch_dir=str(scratch),
                     placement=placement or isolation.Placement()), config.launch, index)
-            builds = broadcast(processes, state, "build")
+            builds = broadcast(processes, state, Build())
         if "baseline" not in builds:
             failure = state.arm_failures["baseline"]
             if is_oom(failure):
@@ -331,11 +332,11 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
             # Peaks per unit, so a finished unit's rows are complete when it is recorded as finished. An arm's
             # replicas hold the same model and batches: its first process speaks for its memory.
             firsts = {k: p for k, p in processes.items() if not is_replica(k)}
-            for rows in broadcast(firsts, state, "memory_peaks").values():
+            for rows in broadcast(firsts, state, MemoryPeaks()).values():
                 state.memory += [r for r in rows if r["workload"] == workload]
-            for rows in broadcast(processes, state, "jit_counts").values():  # every process: all of them were timed
+            for rows in broadcast(processes, state, JitCounts()).values():  # every process: all of them were timed
                 state.jit += [r for r in rows if r["workload"] == workload]
-            broadcast(processes, state, "end_workload", workload=workload)
+            broadcast(processes, state, EndWorkload(workload))
             state.finish_unit(workload)
             state.flush()
     finally:
@@ -398,13 +399,13 @@ def _run_workload(unit: Unit) -> None:
     """One (point, workload): cold step, correctness gate, warm-up, timed blocks, proof the patch ran, revalidation,
     profile; each phase's rows are recorded in the run's state as it finishes."""
     config, workload, state = unit.config, unit.workload, unit.state
-    before = {a: unit.call(a, "counters") for a in unit.first()}
+    before = {a: unit.call(a, Counters()) for a in unit.first()}
     first_step = len(state.steps)  # this workload's steps are state.steps[first_step:]
     patched_live = "patched" in unit.live()
 
     with unit.phase("cold step"):
         for arm in unit.live():
-            state.steps += unit.call(arm, "cold", {"workload": workload}) or []
+            state.steps += unit.call(arm, Cold(workload)) or []
 
     with unit.phase("correctness"):
         correctness_gate(unit)
@@ -414,14 +415,14 @@ def _run_workload(unit: Unit) -> None:
 
     with unit.phase("warm-up"):
         for arm in unit.live():
-            state.steps += unit.call(arm, "warmup", {
-                "workload": workload, "window": max(config.block_steps, 3), "tolerance": config.warmup_tolerance,
-                "max_steps": config.max_warmup_steps, "max_seconds": config.max_warmup_seconds}) or []
+            state.steps += unit.call(arm, Warmup(workload, window=max(config.block_steps, 3),
+                                                 tolerance=config.warmup_tolerance, max_steps=config.max_warmup_steps,
+                                                 max_seconds=config.max_warmup_seconds)) or []
 
     with unit.phase("timing"):
         timed_blocks(unit)
 
-    after = {a: unit.call(a, "counters") for a in unit.first()}
+    after = {a: unit.call(a, Counters()) for a in unit.first()}
     state.correctness += kernel_ran_rows(workload, before, after)
     state.correctness += thread_rows(workload, state.steps[first_step:])
     with unit.phase("revalidation"):

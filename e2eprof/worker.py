@@ -15,14 +15,13 @@ import signal
 import threading
 import time
 import traceback
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from e2eprof import jit_events
 from e2eprof.config import DECODING_WORKLOADS
-from e2eprof.isolation import Placement, apply_in_worker, freeze_survivors, gc_off_the_clock
+from e2eprof.harness.protocol import WorkerSetup
+from e2eprof.isolation import apply_in_worker, freeze_survivors, gc_off_the_clock
 from e2eprof.memory import MemoryTracker, check_test_limit, release
 from e2eprof.patching import AppliedPatch, apply_patch, check_model_fits
 from e2eprof.registry import load_patch
@@ -43,57 +42,6 @@ MEMORY_PHASES = {"cold": "cold", "capture": "correctness", "reference": "correct
 # cache: the next phase's reserved peak would report it as its own (a patched arm's timed inference showed 23.8 GB
 # reserved against the baseline's 11.7 GB for the same step). Warm-up grows the cache back before anything is timed.
 RELEASE_AFTER = {"capture", "reference", "trained_like", "profile"}
-
-
-# How a replica's process is keyed in the parent: "<arm>#<replica>" (the arm's first process is keyed "<arm>").
-REPLICA_MARK = "#"
-
-
-@dataclass(frozen=True)
-class ArmSpec:
-    """One process of an arm: a name, the attention implementation, whether the patch is applied, whether
-    torch.compile runs it, and which of the arm's identical processes (replicas) this is.
-
-    An arm may run in several identical processes because each process carries its own step-time offset (on the
-    H200 ~0.4% of a gpt2 step, from how fast its host side feeds the GPU): averaging replicas shrinks that part of
-    the interval as 1/sqrt(replicas), which no amount of timing inside one process can.
-    """
-
-    name: str
-    attn_implementation: str
-    apply_patch: bool
-    compile: bool = False
-    replica: int = 0
-
-    @property
-    def key(self) -> str:
-        """The process's key in the parent: the arm's name for its first process, "<arm>#<replica>" after it."""
-        return self.name if self.replica == 0 else f"{self.name}{REPLICA_MARK}{self.replica}"
-
-
-def arm_of(key: str) -> str:
-    """The arm a process key belongs to ("patched#1" -> "patched")."""
-    return key.split(REPLICA_MARK, 1)[0]
-
-
-def is_replica(key: str) -> bool:
-    """Whether a process key names an arm's extra process rather than its first ("patched#1", not "patched")."""
-    return key != arm_of(key)
-
-
-@dataclass(frozen=True)
-class WorkerSetup:
-    arm: ArmSpec
-    model: str
-    patch_spec: str
-    device: str
-    precision: str
-    seed: int
-    batch: int
-    seq: int
-    new_tokens: int
-    scratch_dir: str
-    placement: Placement = Placement()  # its cores, threads and gc policy (e2eprof.isolation)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -512,7 +460,3 @@ def _save_outputs(outputs: dict, path: str) -> None:
     from safetensors.torch import save_file
 
     save_file({k: v.contiguous() for k, v in outputs.items()}, path)
-
-
-def scratch_path(scratch_dir: str, arm: str, workload: str, kind: str) -> str:
-    return str(Path(scratch_dir) / f"{kind}-{workload}-{arm}.safetensors")

@@ -24,7 +24,7 @@ from pathlib import Path
 from e2eprof.arm_process import ArmFailed, ArmProcess
 from e2eprof.distributed import ENV_ADDRESS, ENV_AUTHKEY, ENV_BACKEND, ENV_ERRORS, ENV_PARENT_PID
 from e2eprof.distributed.options import LaunchSpec
-from e2eprof.worker import WorkerSetup
+from e2eprof.harness.protocol import WorkerSetup
 
 CONNECT_TIMEOUT_S = 600.0  # rank 0 connects after torchrun's rendezvous and `import torch`; a multi-node one waits for nodes
 EXIT_TIMEOUT_S = 30.0  # torchrun's agent notices a dead rank, stops the others and exits within this

@@ -8,18 +8,18 @@ import math
 from e2eprof import interrupt
 from e2eprof.arm_process import ArmFailed, ArmProcess
 from e2eprof.harness.state import RunState
+from e2eprof.harness.protocol import Command, ReleaseCachedMemory, arm_of, is_replica
 from e2eprof.sweep import is_oom, oom_row
-from e2eprof.worker import arm_of, is_replica
 
 
-def broadcast(processes: dict[str, ArmProcess], state: RunState, command: str, **kwargs) -> dict[str, dict]:
+def broadcast(processes: dict[str, ArmProcess], state: RunState, command: Command) -> dict[str, dict]:
     """Send one command to every live arm, then collect: slow phases (model builds) overlap across arms.
 
     A failure, out of memory included, is recorded as it comes: a build that does not fit beside the others is not
     retried (an arm that cannot be built alongside the others cannot be measured alongside them either); a
     replica that does not fit is left out and its arm goes on (process_failed).
     """
-    return overlapped(processes, state, {name: (command, kwargs) for name in processes}, retry_out_of_memory=False)
+    return overlapped(processes, state, {name: command for name in processes}, retry_out_of_memory=False)
 
 
 def process_failed(processes: dict[str, ArmProcess], state: RunState, key: str, failure: ArmFailed, phase: str,
@@ -60,21 +60,20 @@ def left_out(processes, state, key: str, workload: str | None) -> bool:
     return key not in processes or arm_of(key) in state.arm_failures or (arm_of(key), workload) in state.out_of_memory
 
 
-def call(processes, state, key: str, command: str, args: dict | None = None):
+def call(processes, state, key: str, command: Command):
     """One command to one arm's process (key: the arm, or "<arm>#<replica>"); a failure is recorded (not raised)
     and the arm, all its processes, is left out from then on."""
-    args = args or {}
     interrupt.check()
-    if left_out(processes, state, key, args.get("workload")):
+    if left_out(processes, state, key, command.scope()):
         return None
     try:
-        return processes[key].call(command, **args)
+        return processes[key].call(command)
     except ArmFailed as failure:
-        process_failed(processes, state, key, failure, command, args.get("workload", "*"))
+        process_failed(processes, state, key, failure, command.name, command.scope() or "*")
         return None
 
 
-def overlapped(processes, state, calls: dict[str, tuple[str, dict]], *,
+def overlapped(processes, state, calls: dict[str, Command], *,
                 retry_out_of_memory: bool = True) -> dict[str, object]:
     """One command per arm, all sent before any answer is awaited: untimed work overlaps across arms.
 
@@ -86,14 +85,14 @@ def overlapped(processes, state, calls: dict[str, tuple[str, dict]], *,
     """
     interrupt.check()
     sent = []
-    for arm, (command, args) in calls.items():
-        if left_out(processes, state, arm, args.get("workload")):
+    for arm, command in calls.items():
+        if left_out(processes, state, arm, command.scope()):
             continue
         try:
-            processes[arm].send(command, **args)
+            processes[arm].send(command)
             sent.append(arm)
         except ArmFailed as failure:
-            process_failed(processes, state, arm, failure, command, args.get("workload", "*"))
+            process_failed(processes, state, arm, failure, command.name, command.scope() or "*")
     results, alone = {}, []
     for arm in sent:
         try:
@@ -102,17 +101,16 @@ def overlapped(processes, state, calls: dict[str, tuple[str, dict]], *,
             if retry_out_of_memory and is_oom(failure):
                 alone.append(arm)
             else:
-                process_failed(processes, state, arm, failure, calls[arm][0], calls[arm][1].get("workload", "*"))
+                process_failed(processes, state, arm, failure, calls[arm].name, calls[arm].scope() or "*")
     if alone:
         # Before the retries, the other processes give their allocator caches back: their own work in this round
         # (captures, an fp64 reference) has just filled them, and an arm retried alone still shares the device
         # with every process's cache. llama-1b's train gate on the H200 ran out this way with two processes per
         # arm and the compile arm beside the fp64 reference.
-        overlapped(processes, state, {key: ("release_cached_memory", {}) for key in processes if key not in alone},
+        overlapped(processes, state, {key: ReleaseCachedMemory() for key in processes if key not in alone},
                     retry_out_of_memory=False)
     for arm in alone:
-        command, args = calls[arm]
-        result = call(processes, state, arm, command, args)
+        result = call(processes, state, arm, calls[arm])
         if result is not None:
             results[arm] = result
     return results

@@ -12,7 +12,7 @@ from e2eprof.config import CompareConfig
 from e2eprof.harness import pool
 from e2eprof.harness.state import Events, RunState
 from e2eprof.patch import Patch
-from e2eprof.worker import arm_of, is_replica
+from e2eprof.harness.protocol import Command, arm_of, is_replica
 
 # torch.compile over Hugging Face decoding with a dynamic KV cache recompiles for new lengths before it settles: that
 # measures the compiler's cache, not decoding, so the compile arm sits generate out (it joins the static-cache decode).
@@ -40,9 +40,9 @@ class Unit:
         runs, checked once."""
         return [k for k in self.live() if not is_replica(k)]
 
-    def call(self, key: str, command: str, args: dict | None = None):
+    def call(self, key: str, command: Command):
         """One command to one process; a failure is recorded and the arm left out (harness.pool.call)."""
-        return pool.call(self.processes, self.state, key, command, args)
+        return pool.call(self.processes, self.state, key, command)
 
     def phase(self, name: str, detail: str = "") -> AbstractContextManager[None]:
         """Announce a phase of this workload and record its wall time in phases.parquet."""

@@ -13,7 +13,7 @@ from e2eprof.harness.pool import call, overlapped
 from e2eprof.harness.unit import Unit
 from e2eprof.patching import call_check_rows
 from e2eprof.sweep import is_oom
-from e2eprof.worker import scratch_path
+from e2eprof.harness.protocol import Capture, Reference, TrainedLike, scratch_path
 
 
 def correctness_gate(unit: Unit) -> None:
@@ -23,17 +23,16 @@ def correctness_gate(unit: Unit) -> None:
     """
     config, workload, processes, state, patch, scratch = unit.config, unit.workload, unit.processes, unit.state, unit.patch, unit.scratch
     live = unit.first  # correctness is a property of an arm's code: its first process is checked
+
     def capture(arm):
-        return "capture", {"workload": workload, "path": scratch_path(str(scratch), arm, workload, "capture"),
-                           "verify": arm == "patched"}
+        return Capture(workload, scratch_path(str(scratch), arm, workload, "capture"), verify=arm == "patched")
 
     first = {arm: capture(arm) for arm in live() if arm != "baseline"}
-    first["baseline"] = ("reference", {"workload": workload,
-                                       "path": scratch_path(str(scratch), "fp64", workload, "reference")})
+    first["baseline"] = Reference(workload, scratch_path(str(scratch), "fp64", workload, "reference"))
     results = overlapped(processes, state, first)
     reference = results.pop("baseline", None)
     if "baseline" in live():
-        baseline = call(processes, state, "baseline", *capture("baseline"))
+        baseline = call(processes, state, "baseline", capture("baseline"))
         if baseline is not None:
             results["baseline"] = baseline
     captures = {}
@@ -62,7 +61,7 @@ def trained_like_check(unit: Unit) -> None:
     workload, processes, state = unit.workload, unit.processes, unit.state
     if "patched" not in processes or "patched" in state.arm_failures:
         return
-    result = call(processes, state, "patched", "trained_like", {"workload": workload})
+    result = call(processes, state, "patched", TrainedLike(workload))
     if result is None:
         return  # recorded as arm_failed
     if result.get("skipped"):
@@ -95,8 +94,8 @@ def diagnose_failure(unit: Unit) -> None:
     if failure is None or failure.kind != "error" or is_oom(failure):
         return
     try:
-        result = processes["patched"].call("capture", workload=workload, verify=True,
-                                           path=scratch_path(str(scratch), "patched", workload, "diagnosis"))
+        result = processes["patched"].call(Capture(workload, scratch_path(str(scratch), "patched", workload, "diagnosis"),
+                                                   verify=True))
     except ArmFailed:
         return
     state.correctness += op_check_rows(workload, "patched", result["op_checks"])
@@ -112,9 +111,9 @@ def revalidate(unit: Unit) -> None:
     config, workload, processes, state, patch, scratch = unit.config, unit.workload, unit.processes, unit.state, unit.patch, unit.scratch
     if "patched" not in processes or "patched" in state.arm_failures:
         return
-    result = call(processes, state, "patched", "capture", {
-        "workload": workload, "path": scratch_path(str(scratch), "patched", workload, "revalidate"), "verify": True,
-        "extended": False})  # the gate moved these signatures' inputs to other shapes and ranges: not again
+    # extended=False: the gate moved these signatures' inputs to other shapes and ranges, not needed again.
+    result = call(processes, state, "patched", Capture(workload, scratch_path(str(scratch), "patched", workload, "revalidate"),
+                                                       verify=True, extended=False))
     if result is None:
         return  # recorded as arm_failed
     rows = op_check_rows(workload, "patched", result["op_checks"]) + call_check_rows(workload, "patched", result["op_checks"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from e2eprof.config import DECODING_WORKLOADS, CompareConfig
 from e2eprof.harness.pool import call
+from e2eprof.harness.protocol import Profile
 from e2eprof.harness.unit import Unit
 
 
@@ -28,8 +29,7 @@ def profile_arms(unit: Unit) -> None:
     warmup, active = profile_steps_for(config, workload)
     for arm in [a for a in live() if a != "compile"]:
         trace = str(state.out_dir / f"trace-{workload}-{arm}.json.gz") if config.trace else None
-        result = call(processes, state, arm, "profile", {"workload": workload, "warmup": warmup,
-                                                            "active": active, "trace_path": trace})
+        result = call(processes, state, arm, Profile(workload, warmup, active, trace))
         if result is None:
             continue
         state.profiles[(state.point, workload, arm)] = result["result"]

@@ -11,6 +11,7 @@ from e2eprof import stats
 from e2eprof.config import AA_ARM, CompareConfig
 from e2eprof.distributed import ranks as dp
 from e2eprof.harness.pool import call
+from e2eprof.harness.protocol import Block
 from e2eprof.harness.unit import Unit
 from e2eprof.summary import summary_interval
 
@@ -30,7 +31,7 @@ def timed_blocks(unit: Unit) -> None:
         steps = min(config.block_steps, config.steps - block * config.block_steps) if block < config.n_blocks else config.block_steps
         # Alternate the order each round (ABC, CBA, ...): ABBA for two arms, balanced for three.
         for arm in (order if block % 2 == 0 else list(reversed(order))):
-            state.steps += call(processes, state, arm, "block", {"workload": workload, "block": block, "steps": steps}) or []
+            state.steps += call(processes, state, arm, Block(workload, block, steps)) or []
             events("advance", workload=workload)
         state.flush()
         block += 1

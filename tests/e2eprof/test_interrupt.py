@@ -8,6 +8,7 @@ import pytest
 from e2eprof import interrupt
 from e2eprof.cli import _stop_once
 from e2eprof.harness.pool import call, overlapped
+from e2eprof.harness.protocol import Block, Capture
 from tests.e2eprof.test_overlapped import Device, StandIn, state
 
 
@@ -35,14 +36,14 @@ def test_a_stop_swallowed_by_a_finalizer_is_raised_at_the_next_worker_command():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # spent: a second SIGTERM would be ignored
     arms = {"baseline": StandIn("baseline", Device())}
     with pytest.raises(interrupt.Terminated):
-        call(arms, state(), "baseline", "block", {"workload": "train"})
+        call(arms, state(), "baseline", Block("train", 0, 1))
     with pytest.raises(interrupt.Terminated):
-        overlapped(arms, state(), {"baseline": ("capture", {"workload": "train"})})
+        overlapped(arms, state(), {"baseline": Capture("train", "capture.safetensors", verify=False)})
 
 
 def test_no_request_no_raise_and_a_handled_stop_is_forgotten():
     arms = {"baseline": StandIn("baseline", Device())}
-    assert call(arms, state(), "baseline", "block", {"workload": "train"})["command"] == "block"
+    assert call(arms, state(), "baseline", Block("train", 0, 1))["command"] == "block"
     interrupt.request(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt) as caught:
         interrupt.check()

@@ -13,7 +13,7 @@ from e2eprof.arm_process import ArmProcess
 from e2eprof.config import CompareConfig
 from e2eprof.errors import UsageError
 from e2eprof.isolation import PARTS, Placement, environment, gc_off_the_clock, parse, plan
-from e2eprof.worker import ArmSpec, WorkerSetup
+from e2eprof.harness.protocol import ArmSpec, Build, Warmup, WorkerSetup
 
 
 def test_an_h200_hosts_cores_are_dealt_out_disjoint_and_the_parent_keeps_one():
@@ -78,8 +78,8 @@ def test_a_worker_runs_where_it_was_placed(tmp_path):
                                      device="cpu", precision="fp32", seed=0, batch=1, seq=8, new_tokens=2,
                                      scratch_dir=str(tmp_path), placement=placement))
     try:
-        seen = process.call("build")["placement"]
-        process.call("warmup", workload="infer", window=2, tolerance=0.5, max_steps=4, max_seconds=10)
+        seen = process.call(Build())["placement"]
+        process.call(Warmup("infer", window=2, tolerance=0.5, max_steps=4, max_seconds=10))
     finally:
         process.close()
     assert seen["cores"] == [core] and seen["threads"] == 1

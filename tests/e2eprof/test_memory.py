@@ -102,7 +102,8 @@ def test_find_max_batch_finds_each_arms_limit(tmp_path):
 
 
 def _worker(tmp_path, device: str = "cpu", model: str = "gpt2-tiny", batch: int = 1, seq: int = 16):
-    from e2eprof.worker import ArmSpec, ArmWorker, WorkerSetup
+    from e2eprof.harness.protocol import ArmSpec, WorkerSetup
+    from e2eprof.worker import ArmWorker
 
     worker = ArmWorker(WorkerSetup(arm=ArmSpec("baseline", "sdpa", False), model=model, patch_spec="fastsoftmax",
                                    device=device, precision="fp32" if device == "cpu" else "bf16", seed=0,

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 from e2eprof.arm_process import ArmFailed
 from e2eprof.harness.pool import overlapped
+from e2eprof.harness.protocol import Build, Capture
 from e2eprof.sweep import OOM_METRIC
 
 OOM = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
@@ -27,11 +28,11 @@ class StandIn:
         self.name, self.device, self.fails = name, device, fails
         self.pending = None
 
-    def send(self, command, **kwargs):
+    def send(self, command):
         self.device.in_flight += 1
         self.device.log.append(f"send {self.name}")
-        self.device.commands.append((self.name, command))
-        self.pending = (command, kwargs, self.device.in_flight)
+        self.device.commands.append((self.name, command.name))
+        self.pending = (command.name, command.args(), self.device.in_flight)
 
     def receive(self):
         command, kwargs, in_flight = self.pending
@@ -42,8 +43,8 @@ class StandIn:
             raise ArmFailed(self.name, "error", problem)
         return {"arm": self.name, "command": command, **kwargs}
 
-    def call(self, command, **kwargs):
-        self.send(command, **kwargs)
+    def call(self, command):
+        self.send(command)
         return self.receive()
 
 
@@ -54,7 +55,7 @@ def state():
 def test_every_command_is_sent_before_any_answer_is_awaited():
     device = Device()
     arms = {n: StandIn(n, device) for n in ("a", "b", "c")}
-    results = overlapped(arms, state(), {n: ("capture", {"workload": "train"}) for n in arms})
+    results = overlapped(arms, state(), {n: Capture("train", "capture.safetensors", verify=False) for n in arms})
     assert device.log[:3] == ["send a", "send b", "send c"]
     assert sorted(results) == ["a", "b", "c"] and results["b"]["command"] == "capture"
 
@@ -64,7 +65,7 @@ def test_an_arm_out_of_memory_beside_others_is_retried_alone_and_kept():
     arms = {"a": StandIn("a", device),
             "big": StandIn("big", device, fails=lambda in_flight: OOM if in_flight > 1 else None)}
     s = state()
-    results = overlapped(arms, s, {n: ("capture", {"workload": "train"}) for n in arms})
+    results = overlapped(arms, s, {n: Capture("train", "capture.safetensors", verify=False) for n in arms})
     assert sorted(results) == ["a", "big"]
     assert s.correctness == [] and not s.out_of_memory and not s.arm_failures
     assert device.log[-2:] == ["send big", "receive big"]  # the retry ran with nothing else in flight
@@ -74,7 +75,7 @@ def test_out_of_memory_alone_too_is_recorded_and_the_arm_sits_the_workload_out()
     device = Device()
     arms = {"a": StandIn("a", device), "big": StandIn("big", device, fails=lambda in_flight: OOM)}
     s = state()
-    results = overlapped(arms, s, {n: ("capture", {"workload": "train"}) for n in arms})
+    results = overlapped(arms, s, {n: Capture("train", "capture.safetensors", verify=False) for n in arms})
     assert sorted(results) == ["a"]
     assert s.out_of_memory == {("big", "train")}
     assert [r["metric"] for r in s.correctness] == [OOM_METRIC]
@@ -84,7 +85,7 @@ def test_an_error_is_recorded_once_and_not_retried():
     device = Device()
     arms = {"a": StandIn("a", device), "bad": StandIn("bad", device, fails=lambda in_flight: "ValueError: wrong")}
     s = state()
-    results = overlapped(arms, s, {n: ("capture", {"workload": "infer"}) for n in arms})
+    results = overlapped(arms, s, {n: Capture("infer", "capture.safetensors", verify=False) for n in arms})
     assert sorted(results) == ["a"] and list(s.arm_failures) == ["bad"]
     assert device.log.count("send bad") == 1
     assert [r["metric"] for r in s.correctness] == ["arm_failed"]
@@ -96,7 +97,7 @@ def test_arms_already_failed_or_out_of_memory_are_not_asked():
     s = state()
     s.arm_failures["gone"] = ArmFailed("gone", "crash", "exit 1")
     s.out_of_memory.add(("full", "train"))
-    results = overlapped(arms, s, {n: ("capture", {"workload": "train"}) for n in arms})
+    results = overlapped(arms, s, {n: Capture("train", "capture.safetensors", verify=False) for n in arms})
     assert sorted(results) == ["a"] and device.log == ["send a", "receive a"]
 
 
@@ -106,7 +107,7 @@ def test_without_retry_an_out_of_memory_arm_is_recorded_at_once():
     arms = {"a": StandIn("a", device),
             "big": StandIn("big", device, fails=lambda in_flight: OOM if in_flight > 1 else None)}
     s = state()
-    results = overlapped(arms, s, {n: ("build", {}) for n in arms}, retry_out_of_memory=False)
+    results = overlapped(arms, s, {n: Build() for n in arms}, retry_out_of_memory=False)
     assert sorted(results) == ["a"] and list(s.arm_failures) == ["big"]
     assert device.log.count("send big") == 1
 
@@ -117,7 +118,7 @@ def test_before_a_retry_alone_the_other_processes_empty_their_caches():
     device = Device()
     arms = {"a": StandIn("a", device), "b": StandIn("b", device),
             "big": StandIn("big", device, fails=lambda in_flight: OOM if in_flight > 1 else None)}
-    results = overlapped(arms, state(), {n: ("capture", {"workload": "train"}) for n in arms})
+    results = overlapped(arms, state(), {n: Capture("train", "capture.safetensors", verify=False) for n in arms})
     assert sorted(results) == ["a", "b", "big"]
     assert device.commands[3:] == [("a", "release_cached_memory"), ("b", "release_cached_memory"), ("big", "capture")]
 
@@ -125,14 +126,15 @@ def test_before_a_retry_alone_the_other_processes_empty_their_caches():
 def test_no_out_of_memory_means_no_release():
     device = Device()
     arms = {n: StandIn(n, device) for n in ("a", "b")}
-    overlapped(arms, state(), {n: ("capture", {"workload": "train"}) for n in arms})
+    overlapped(arms, state(), {n: Capture("train", "capture.safetensors", verify=False) for n in arms})
     assert [command for _, command in device.commands] == ["capture", "capture"]
 
 
 def test_the_real_worker_answers_the_release_command(tmp_path):
     # On the CPU there is no allocator cache to return; the command must still be one the worker knows and leave
     # the arm able to step (on CUDA: tests/gpu/test_out_of_memory_cuda.py).
-    from e2eprof.worker import ArmSpec, ArmWorker, WorkerSetup
+    from e2eprof.harness.protocol import ArmSpec, WorkerSetup
+    from e2eprof.worker import ArmWorker
 
     arm = ArmWorker(WorkerSetup(arm=ArmSpec("baseline", "sdpa", False), model="gpt2-tiny", patch_spec="fastsoftmax",
                                 device="cpu", precision="fp32", seed=0, batch=1, seq=16, new_tokens=4,

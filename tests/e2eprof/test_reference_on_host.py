@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from e2eprof.worker import ArmSpec, ArmWorker, WorkerSetup
+from e2eprof.harness.protocol import ArmSpec, WorkerSetup
+from e2eprof.worker import ArmWorker
 
 
 @pytest.fixture

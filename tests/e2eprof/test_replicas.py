@@ -19,7 +19,7 @@ from e2eprof.phases.timing import stop_reason
 from e2eprof.runner import _arms, _with_replicas
 from e2eprof.summary import summarize
 from e2eprof.verdict import FAIL
-from e2eprof.worker import arm_of
+from e2eprof.harness.protocol import Block, arm_of
 
 from tests.e2eprof.test_adaptive import State
 from tests.e2eprof.test_summary import clean_checks, steps_for
@@ -101,7 +101,7 @@ def test_a_replica_out_of_memory_is_dropped_and_its_arm_goes_on():
     row = state.correctness[-1]
     assert (row["arm"], row["metric"], row["passed"], row["workload"]) == ("baseline", "replica_dropped", True, "train")
     # A round of blocks listed its processes before the drop: the dropped one is skipped, not a KeyError.
-    assert call(processes, state, "baseline#1", "block", {"workload": "train"}) is None
+    assert call(processes, state, "baseline#1", Block("train", 0, 1)) is None
 
 
 def test_any_other_failure_of_a_replica_fails_its_arm():

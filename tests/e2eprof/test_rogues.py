@@ -24,7 +24,8 @@ from e2eprof.cli import main
 from e2eprof.correctness import op_check_rows
 from e2eprof.patching import CALL_CHECK_METRICS, call_check_rows
 from e2eprof.phases.proof import kernel_ran_rows, thread_rows
-from e2eprof.worker import ArmSpec, ArmWorker, WorkerSetup
+from e2eprof.harness.protocol import ArmSpec, WorkerSetup
+from e2eprof.worker import ArmWorker
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from e2eprof.worker import ArmSpec, ArmWorker, WorkerSetup
+from e2eprof.harness.protocol import ArmSpec, WorkerSetup
+from e2eprof.worker import ArmWorker
 
 pytestmark = [
     pytest.mark.gpu,

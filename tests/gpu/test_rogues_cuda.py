@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 from e2eprof.cli import main
 from e2eprof.correctness import op_check_rows
 from e2eprof.patching import call_check_rows
-from e2eprof.worker import ArmSpec, ArmWorker, WorkerSetup
+from e2eprof.harness.protocol import ArmSpec, WorkerSetup
+from e2eprof.worker import ArmWorker
 
 pytestmark = [
     pytest.mark.gpu,

@@ -6,7 +6,8 @@ import torch
 
 from e2eprof.correctness import op_check_rows
 from e2eprof.patching import call_check_rows
-from e2eprof.worker import ArmSpec, ArmWorker, WorkerSetup
+from e2eprof.harness.protocol import ArmSpec, WorkerSetup
+from e2eprof.worker import ArmWorker
 from e2eprof.workloads import trained_like
 from e2eprof.workloads.models import build_model, resolve_model
 
