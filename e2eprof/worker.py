@@ -1,6 +1,6 @@
 """The worker process: one arm of a comparison, isolated so a patch cannot leak into another arm.
 
-The parent sends commands over a pipe ("setup", "cold", "capture", "warmup", "block", "counters", ...); the
+The parent sends the commands of e2eprof.harness.protocol over a pipe, each run by the method of its name; the
 worker answers ("ok", result) or ("error", {...}) and never raises across the pipe. A crash (segfault, CUDA
 fault) shows up in the parent as a closed pipe, and the parent keeps every other arm's data.
 """
