@@ -287,7 +287,12 @@ def resolve_device(device: str) -> str:
     raise UsageError(f"--device: unknown device '{device}'; use auto, cpu, cuda or cuda:N")
 
 
+# Where runs go without --out: a folder of the working directory that .gitignore lists, so a run never dirties a
+# checkout (reports/ holds the curated runs the README cites).
+RUNS_DIR = "e2eprof-runs"
+
+
 def default_out_dir(model: str, patch: str, now_utc: str) -> Path:
-    """reports/<UTC timestamp>-<model>-<patch>/ with path-unsafe characters replaced."""
+    """e2eprof-runs/<UTC timestamp>-<model>-<patch>/ under the working directory, path-unsafe characters replaced."""
     safe = lambda s: "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(s).name or s)  # noqa: E731
-    return Path(os.getcwd()) / "reports" / f"{now_utc}-{safe(model)}-{safe(patch)}"
+    return Path(os.getcwd()) / RUNS_DIR / f"{now_utc}-{safe(model)}-{safe(patch)}"
