@@ -40,3 +40,12 @@ def test_cited_run_folders_keep_their_summary():
 def test_reports_stay_small():
     size = sum(p.stat().st_size for p in (ROOT / "reports").rglob("*") if p.is_file())
     assert size < MAX_REPORTS_BYTES, f"reports/ holds {size / 1e6:.1f} MB; keep curated runs only (under 5 MB)"
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_cited_script_and_test_exists(doc):
+    """The commands README gives name scripts that are there (benchmarks/gpu_suite.sh, not a removed one)."""
+    text = (ROOT / doc).read_text()
+    cited = {m.rstrip(".,:;)") for m in re.findall(r"(?:benchmarks|examples|tests)/[A-Za-z0-9_./-]*", text)}
+    missing = sorted(p for p in cited if not (ROOT / p).exists())
+    assert not missing, f"{doc} names files that do not exist: {missing}"
