@@ -1,4 +1,4 @@
-"""Where the A/A false alarms come from (issue 8): is a process's step time tied to its memory layout?
+"""Where the A/A false alarms come from: is a process's step time tied to its memory layout?
 
 Issue 8's first A/A runs on the H200 called two identical gpt2-train processes different (0.992x, 7 of 8 blocks on
 the same side), although each process's own interval was tight. Step times there are two-moded (~92.7 ms and

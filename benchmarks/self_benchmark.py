@@ -1,9 +1,9 @@
-"""e2eprof measuring itself (issue 8): false-alarm rate, sensitivity, overhead, cost and agreement with other timers.
+"""e2eprof measuring itself: false-alarm rate, sensitivity, overhead, cost and agreement with other timers.
 
-Each part fits one 10-minute device call and writes OUT/<part>.parquet (one row per run or measurement) and
+Each part writes OUT/<part>.parquet (one row per run or measurement) and
 OUT/<part>.md (the measured figure, the target, pass or miss, date, versions, command). Rows already in
-OUT/<part>.parquet from an earlier call are kept and the figure is derived from all of them, so a part too long for
-one call (20 A/A runs) is run as several calls into the same OUT.
+OUT/<part>.parquet from an earlier run are kept and the figure is derived from all of them, so a part too long for
+one sitting (20 A/A runs) can run as several invocations into the same OUT.
 
   aa           --runs N `e2eprof calibrate` runs (fresh processes)        target: <= 5% significant
   sensitivity  planted slowdowns (--levels), --runs N each, --budget 60 s   target: 1% detected in >= 90% of runs
@@ -40,7 +40,7 @@ from e2eprof.errors import E2EProfError, UsageError
 PARTS = ("aa", "sensitivity", "overhead", "cost", "agreement")
 DEFAULT_LEVELS = (0.005, 0.01, 0.02, 0.05)
 UNRESOLVED = "unresolved"  # a figure whose interval spans the target: neither met nor missed
-# Fewer runs than these cannot establish a rate (issue 8 asks for at least 20 A/A runs): the figure is shown, unjudged.
+# Fewer runs than these cannot establish a rate (the false-alarm target asks for at least 20 A/A runs): the figure is shown, unjudged.
 MIN_AA_RUNS, MIN_SENSITIVITY_RUNS = 20, 10
 CONFIDENCE = 0.95
 # NOT_DEFAULT: a cost run with a narrower compare (--reference, --workload) measures that option, not the target.
@@ -234,7 +234,7 @@ def part_sensitivity(s: Settings, first: int, levels: list[float], baseline_ms: 
     if baseline_ms is None:
         baseline_ms, baseline_run = aa_baseline_ms(s)
     if baseline_ms is None:
-        # As benchmarks/h200_signoff.sh: the baseline's median step from an A/A run of the same settings.
+        # The baseline's median step from an A/A run of the same settings.
         result = run_e2eprof(["calibrate", "--model", s.model, "--workload", s.workload, *s.passthrough()],
                              s.out / "runs" / f"sensitivity-baseline-{first:03d}")
         if result.error:

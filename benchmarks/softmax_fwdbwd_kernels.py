@@ -1,6 +1,6 @@
 """Which kernels a forward + backward of GPT-2's attention softmax launches: fastsoftmax, eager, torch.compile.
 
-The microbenchmark measured fastsoftmax's forward + backward 89 us slower than its two kernels add up to (issue 5).
+The microbenchmark measured fastsoftmax's forward + backward 89 us slower than its two kernels add up to.
 This lists every device kernel of one fwd+bwd call per implementation, from torch.profiler, so an extra kernel (a
 copy, a fill, a dtype conversion) is seen by name, with the device time of each and their sum per call.
 

@@ -1,4 +1,4 @@
-"""Launch-configuration sweep for fastsoftmax's Triton kernels on GPT-2's attention shape (issue 5's 85% target).
+"""Launch-configuration sweep for fastsoftmax's Triton kernels on GPT-2's attention shape.
 
 Times the raw kernels (no custom-op dispatch) with triton.testing.do_bench, which flushes L2 between calls, for
   - the shipped one-row-per-program kernels at several num_warps, and

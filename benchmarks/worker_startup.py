@@ -1,4 +1,4 @@
-"""Where a worker's start-up goes (issue 2 / issue 8's cost): imports, CUDA context, patch load, model build.
+"""Where a worker's start-up goes (the self-benchmark's cost part): imports, CUDA context, patch load, model build.
 
 A worker repeats these steps in a fresh process for every arm; on the H200 "start workers and build models" took
 18-20 s. This times each step in the order ArmWorker.build runs them, in a fresh interpreter like a worker's, and

@@ -100,7 +100,7 @@ REPLICAS_HELP = ("Identical worker processes for the baseline and the candidate 
 ISOLATE_HELP = ("Worker isolation: all, none, or a comma list of cores (own CPU cores per worker), threads (intra-op "
                 "threads sized to them), passive (idle OpenMP threads sleep), gc (no garbage collection inside timed "
                 "steps) (default: threads,passive,gc).")
-OUT_HELP = "Report directory (default: reports/<UTC time>-<model>-<patch>/ under the working directory)."
+OUT_HELP = "Report directory (default: e2eprof-runs/<UTC time>-<model>-<patch>/ under the working directory)."
 
 
 @app.command()
@@ -287,7 +287,7 @@ def microbench(
     sweep: Annotated[bool, typer.Option(help="Also sweep sizes and dtypes around the model's shapes.")] = True,
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Time torch.compile of the stock op (default: --compile on GPU, --no-compile on CPU).")] = None,
     seed: Annotated[int, typer.Option(help="Seed for weights, batches and random inputs.")] = 0,
-    out: Annotated[Optional[Path], typer.Option(help="Report directory (default: reports/<UTC time>-microbench-<patch>/ under the working directory).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Report directory (default: e2eprof-runs/<UTC time>-microbench-<patch>/ under the working directory).")] = None,
     force: Annotated[bool, typer.Option(help="Overwrite an existing report directory.")] = False,
 ) -> int:
     """The replaced op alone on the model's own calls (plus a sweep): replacement vs eager vs torch.compile."""

@@ -29,19 +29,16 @@ def suggest(name: str, known: list[str] | tuple[str, ...]) -> str:
 
 
 # How far two identical processes' step times differ beyond their own intervals (relative SD of the A/A log-ratio;
-# stats.with_process_noise). Measured, not assumed: benchmarks/self_benchmark.py --part aa estimates it from A/A runs.
-# H200, gpt2 train, bf16, batch 8 x 1024: 11 A/A runs on 2026-12-02/03 (reports/self-benchmark-h200/aa.md). The
-# per-kernel device time of a step is constant to 0.1 ms; what moves between processes is the GPU's idle time
-# between kernels (4.5-6.5 ms of a 93 ms step), i.e. how fast the host keeps the queue fed.
+# stats.with_process_noise): the floor under each run's own estimate. Measured with A/A runs
+# (benchmarks/self_benchmark.py --part aa), not assumed: H200 from gpt2 train (reports/self-benchmark-h200/aa.md).
+# What moves between processes is the GPU's idle time between kernels: how fast the host keeps the queue fed.
 H200_PROCESS_NOISE = 0.0044
 # CPU: one process per arm cannot show its own spread, so a CPU verdict must not claim less than identical CPU
-# processes differ by: A/A runs of the CPU defaults on a shared 2-core machine imply 11% (README, "How far you can
-# trust it"). With 0 here a loaded laptop called identical arms FAIL (SLOWER) 0.496x.
+# processes differ by (reports/self-benchmark-cpu/aa.md).
 CPU_PROCESS_NOISE = 0.11
 # Processes per compared arm (baseline and candidate). One process per arm cannot resolve less than z x process
-# noise (H200: +-0.86%), so a planted 1% slowdown was found in 8 of 10 runs; two per arm bring that floor to +-0.61%
-# (stats.replicated_process_noise) for a few seconds more of start-up. The same reasoning makes JMH run several
-# forks of a JVM benchmark. CPU: one, since its default process noise is 0 and its cores are few.
+# noise; two per arm divide it by sqrt(2) (stats.replicated_process_noise) for a few seconds more of start-up, as JMH
+# runs several forks of a JVM benchmark (reports/self-benchmark-h200/sensitivity.md). CPU: one, its cores are few.
 H200_REPLICAS = 2
 CPU_REPLICAS = 1
 MAX_REPLICAS = 8
@@ -69,9 +66,8 @@ class DeviceDefaults:
     def for_device(device: str) -> "DeviceDefaults":
         if device.startswith("cuda"):
             # torch.compile is the strongest stock path on a GPU; on a CPU its compile alone takes minutes.
-            # 16 new tokens: decoding is host-bound (gpt2 on the H200: TPOT 11-24 ms whatever the arm), so a longer
-            # decode adds samples of the same per-token cost; at 32 tokens decoding took 150 of the default run's
-            # 348 s (warm-up, timing, profile).
+            # 16 new tokens: decoding is host-bound, so a longer decode adds samples of the same per-token cost and
+            # most of a run's time (reports/2026-12-02-h200-gpt2-fastsoftmax-default/summary.md).
             return DeviceDefaults(batch=8, seq=1024, steps=40, block_steps=5, new_tokens=16, precision="bf16",
                                   max_warmup_steps=50, reference_arms=("sdpa", "compile"), budget_seconds=60.0,
                                   profile_warmup=2, profile_steps=3, process_noise=H200_PROCESS_NOISE,
@@ -287,7 +283,12 @@ def resolve_device(device: str) -> str:
     raise UsageError(f"--device: unknown device '{device}'; use auto, cpu, cuda or cuda:N")
 
 
+# Where runs go without --out: a folder of the working directory that .gitignore lists, so a run never dirties a
+# checkout (reports/ holds the curated runs the README cites).
+RUNS_DIR = "e2eprof-runs"
+
+
 def default_out_dir(model: str, patch: str, now_utc: str) -> Path:
-    """reports/<UTC timestamp>-<model>-<patch>/ with path-unsafe characters replaced."""
+    """e2eprof-runs/<UTC timestamp>-<model>-<patch>/ under the working directory, path-unsafe characters replaced."""
     safe = lambda s: "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(s).name or s)  # noqa: E731
-    return Path(os.getcwd()) / "reports" / f"{now_utc}-{safe(model)}-{safe(patch)}"
+    return Path(os.getcwd()) / RUNS_DIR / f"{now_utc}-{safe(model)}-{safe(patch)}"

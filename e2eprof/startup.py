@@ -1,8 +1,8 @@
 """When the current e2eprof command began, so that phases.parquet can account for its start-up.
 
 A run's recorded phases begin when its workers start. Before that the command has already paid for the interpreter,
-its imports and the checks before measuring (model config, patch, sequence length): seconds that issue 8's cost
-part could only report as "unattributed". The first command of a process is dated from the process's own start,
+its imports and the checks before measuring (model config, patch, sequence length): seconds that the self-benchmark's
+cost part could only report as "unattributed". The first command of a process is dated from the process's own start,
 read from Linux's /proc; a command called from another program (the self-benchmark runs e2eprof in-process), or a
 later command in the same process, from the moment it was called.
 """

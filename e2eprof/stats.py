@@ -553,11 +553,10 @@ def warm_windows_agree(previous, current, tolerance: float) -> bool:
     """Whether warm-up can end: two consecutive windows' medians within `tolerance` of each other, or within what
     the steps' own noise explains.
 
-    Steady steps (a GPU-bound train step, +-0.3%) are held to `tolerance`. Host-bound decoding on the H200 swings
-    by +-30%, so two windows of 5 rarely agree within 2%: its 5 processes warmed up for 20-50 steps each, 185 in
-    all, in the 2026-12-03 default run; replayed through this rule, 90 (about 23 s less). A difference the noise
-    explains cannot be told from warming up, and the interleaved timed blocks spread any slow drift left over
-    evenly across the arms.
+    Steady steps (a GPU-bound train step, +-0.3%) are held to `tolerance`. Host-bound decoding swings by +-30%, so
+    two windows of 5 rarely agree within 2% and its processes warmed up to the cap (reports/README.md, "Cost";
+    tests/e2eprof/test_warmup.py replays those steps). A difference the noise explains cannot be told from warming
+    up, and the interleaved timed blocks spread any slow drift left over evenly across the arms.
     """
     drift = abs(float(np.median(current)) / float(np.median(previous)) - 1)
     return drift < max(tolerance, warmup_noise_bound(previous, current))

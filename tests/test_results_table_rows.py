@@ -1,4 +1,4 @@
-"""benchmarks/results_table_rows.py reads README's results-table rows from committed H200 run directories."""
+"""benchmarks/results_table_rows.py reads README's results-table rows from H200 run directories (their tables in tests/data)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "results_table_rows.py"
-REPORTS = ROOT / "reports"
+REPORTS = ROOT / "tests" / "data" / "h200-runs"  # summary and config columns of the runs
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

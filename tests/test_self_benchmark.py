@@ -64,7 +64,7 @@ def test_binomial_bounds_match_closed_forms():
 def test_profiled_forward_time_on_a_committed_h200_profile():
     """The figure agreement compares: per-call forward kernel time of the replaced op, from kernels.parquet."""
     sb = load_module()
-    run = ROOT / "reports" / "2026-12-02-h200-gpt2-fastsoftmax-profiled"
+    run = ROOT / "tests" / "data" / "h200-runs" / "2026-12-02-h200-gpt2-fastsoftmax-profiled"  # train rows only
     ops, kernels = pd.read_parquet(run / "ops.parquet"), pd.read_parquet(run / "kernels.parquet")
     for arm, kernel in (("baseline", "softmax_warp_forward"), ("patched", "_softmax_fwd_row_kernel")):
         us, names = sb.profiled_forward_us(ops, kernels, arm, "train")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from e2eprof.config import PRECISIONS, DeviceDefaults, resolve_device, suggest
+from e2eprof.config import PRECISIONS, RUNS_DIR, DeviceDefaults, resolve_device, suggest
 from e2eprof.errors import UsageError
 from e2eprof.microbench.bench import MIN_TRIALS, run_microbench
 from e2eprof.microbench.capture import AUTOCAST_DTYPES, capture_shapes, sweep_shapes
@@ -89,7 +89,7 @@ def _out_dir(config: MicrobenchConfig, patch_name: str) -> Path:
     else:
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in patch_name)
-        out = Path(os.getcwd()) / "reports" / f"{stamp}-microbench-{safe}"
+        out = Path(os.getcwd()) / RUNS_DIR / f"{stamp}-microbench-{safe}"
     try:
         if out.exists() and not out.is_dir():
             raise UsageError(f"--out: {out} is a file, not a directory")

@@ -2,7 +2,7 @@
 
 A replacement that seems to beat the copy roofline has not found a shortcut past physics: it skipped work
 (computed part of the output, read a cached answer), or the byte count it is judged by is wrong. Either way its
-time is no win, so such a row is flagged and fails (GUIDE section 3; issue 6, "plausibility flags").
+time is no win, so such a row is flagged and fails (GUIDE section 3, "plausibility flags").
 
 Noise is taken out in the op's favour on both sides: the op's bandwidth from its slow trials (p90 time), the
 ceiling from the copy's fast trials (p10 time), and a margin on top. An op whose bytes fit in a cache is not judged:

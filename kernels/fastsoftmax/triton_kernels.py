@@ -115,9 +115,8 @@ def _softmax_bwd_looped_kernel(dy_ptr, y_ptr, dx_ptr, n_cols, BLOCK: tl.constexp
 
 def _num_warps(block: int) -> int:
     # Keep about 8-16 fp32 values per thread per operand: fewer warps starve long rows, more waste short ones.
-    # Measured on the H200 at GPT-2's 98304 x 1024 (benchmarks/tune_fastsoftmax.py, 2026-12-02): 2 warps reach
-    # 95-98% of the copy roofline forward on all three dtype paths, 4 warps only 88% on bf16->bf16; backward ~100%
-    # with either. Several rows per program did not beat one row at 2 warps.
+    # Rows up to 1024 get 2 warps: at GPT-2's shape they came closer to the copy roofline than 4 warps, and several
+    # rows per program did no better (benchmarks/tune_fastsoftmax.py; reports/2026-12-02-h200-fastsoftmax-tuning/).
     if block <= 1024:
         return 2
     if block <= 2048:

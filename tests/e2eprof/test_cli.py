@@ -117,7 +117,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, options, expected):
     assert not out.exists()
     if before:
         assert {p.name: p.read_bytes() for p in old_report.iterdir()} == before
-    assert not (tmp_path / "reports").exists()
+    assert not (tmp_path / "e2eprof-runs").exists() and not (tmp_path / "reports").exists()
 
 
 def test_list(tmp_path):

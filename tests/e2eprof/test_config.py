@@ -116,3 +116,16 @@ def test_decoding_is_profiled_over_one_step_after_one_warm_up_step():
     assert profile_steps_for(config, "generate") == (1, 1)
     none = CompareConfig(model="gpt2-tiny", patch="fastsoftmax", device="cpu", profile_warmup=0, profile_steps=1)
     assert profile_steps_for(none, "generate") == (0, 1)
+
+
+def test_default_out_dir_is_an_ignored_folder_of_the_working_directory(tmp_path, monkeypatch):
+    """A run without --out never writes into a tracked folder: e2eprof-runs/ is listed in .gitignore."""
+    from pathlib import Path
+
+    from e2eprof.config import RUNS_DIR, default_out_dir
+
+    monkeypatch.chdir(tmp_path)
+    out = default_out_dir("models/my gpt2", "fast:softmax", "20261204T003000Z")
+    assert out == tmp_path / "e2eprof-runs" / "20261204T003000Z-my_gpt2-fast_softmax"
+    gitignore = (Path(__file__).resolve().parents[2] / ".gitignore").read_text().splitlines()
+    assert f"/{RUNS_DIR}/" in gitignore

@@ -21,7 +21,8 @@ from e2eprof.errors import UsageError
 from e2eprof.render import render_report
 from e2eprof.reports import write_table
 
-REPORTS = Path(__file__).resolve().parents[2] / "reports"
+# Tables of two H200 runs (tests/data/README.md says what was kept of them).
+REPORTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "h200-runs"
 PROFILED = REPORTS / "2026-12-02-h200-gpt2-fastsoftmax-profiled"
 FIRST = REPORTS / "2026-12-02-h200-gpt2-fastsoftmax-first"
 SECTIONS = ["Verdict", "Speedup", "Step latency distributions", "Latency, SM clock and GPU temperature over time",

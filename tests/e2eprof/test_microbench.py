@@ -256,3 +256,15 @@ def test_the_gpu_cushion_grows_past_a_slow_host_dispatch_and_only_then():
     assert cushion_for(host_us=700.0, cushion_us=500.0) == 1400.0
     grown = cushion_for(host_us=700.0, cushion_us=500.0)
     assert cushion_for(host_us=700.0, cushion_us=grown) is None  # the grown cushion holds for the same dispatch
+
+
+def test_default_out_is_under_the_ignored_runs_folder(tmp_path, monkeypatch):
+    """Without --out, microbench writes under e2eprof-runs/ (as compare does), never into a tracked reports/."""
+    from types import SimpleNamespace
+
+    from e2eprof.microbench.command import _out_dir
+
+    monkeypatch.chdir(tmp_path)
+    out = _out_dir(SimpleNamespace(out=None, force=False), "my:softmax")
+    assert out.parent == tmp_path / "e2eprof-runs" and out.name.endswith("-microbench-my_softmax") and out.is_dir()
+    assert not (tmp_path / "reports").exists()

@@ -35,8 +35,8 @@ from e2eprof.rundiff import (
 from e2eprof.sweep import SweepPoint
 
 REPO = Path(__file__).resolve().parents[2]
-H200_FIRST = REPO / "reports" / "2026-12-02-h200-gpt2-fastsoftmax-first"
-H200_PROFILED = REPO / "reports" / "2026-12-02-h200-gpt2-fastsoftmax-profiled"
+H200_FIRST = REPO / "tests" / "data" / "h200-runs" / "2026-12-02-h200-gpt2-fastsoftmax-first"
+H200_PROFILED = REPO / "tests" / "data" / "h200-runs" / "2026-12-02-h200-gpt2-fastsoftmax-profiled"
 
 # Medians in ms of a small GPU-like run: the patched kernel is 4% faster than baseline in train.
 MEDIANS = {("train", "baseline"): 93.6, ("train", "patched"): 90.0, ("train", "sdpa"): 61.7,

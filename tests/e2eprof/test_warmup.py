@@ -1,7 +1,7 @@
 """When warm-up ends: two windows' medians within the tolerance, or within what the steps' own noise explains.
 
 The step sequences below are the warm-up steps (ms) of the default compare on the H200, 2026-12-03 12:25 UTC
-(`reports/self-benchmark-h200/runs/cost-compare/steps.parquet`, phase "warmup"), replayed through the worker's
+(the cost run of `reports/self-benchmark-h200/cost.md`, its steps.parquet's phase "warmup"), replayed through the worker's
 real warm-up loop: the H200's decoding cannot run here, its measured step times can.
 """
 

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The GPU measurements behind README's figures, on any CUDA machine, from the repository root:
+#
+#   bash benchmarks/gpu_suite.sh OUT_DIR [PART ...]        (no PART: tests default)
+#
+# Parts (each writes under OUT_DIR/<part>/, with env.txt and one log per command):
+#   tests          python3 -m pytest tests/gpu
+#   default        the default command: e2eprof compare --model gpt2 --patch fastsoftmax
+#   aa sensitivity overhead cost agreement
+#                  benchmarks/self_benchmark.py --part PART; aa and sensitivity append to the tables in
+#                  $RESULTS (default OUT_DIR/self-benchmark): point RESULTS at reports/self-benchmark-h200 to add runs
+#   results-table  every built-in kernel with both stock references (sdpa, compile), train and infer:
+#                  gpt2 fusedsoftmax, fastgelu, fastlayernorm; llama-1b rmsnorm, swiglu at batch 4
+#   sweep          gpt2 fastsoftmax train over batch 1,4,8 x seq 256,1024 x bf16,fp32
+#   bert           bert-base fastgelu, infer, stock SDPA reference
+#   microbench     e2eprof microbench for every built-in patch
+#   tuning         benchmarks/tune_fastsoftmax.py (fastsoftmax's launch sweep)
+#   process-noise  benchmarks/process_noise.py (what separates identical processes)
+#   host-bound     benchmarks/process_spread.py on decode and generate (8 identical processes, with and without pinning)
+#   startup        benchmarks/worker_startup.py (one worker's start-up, step by step)
+#   multi-gpu      train-ddp and train-fsdp, --nproc 2 (needs two GPUs)
+#
+# Environment: PYTHON (default python3); E2EPROF_EXTRA, options added to every e2eprof command (a CPU dry run:
+# E2EPROF_EXTRA="--device cpu --steps 6 --seq 16" with MODEL=gpt2-tiny); MODEL overrides gpt2 in default,
+# results-table and sweep; TIMEOUT (seconds, default none) bounds each command.
+# Installs nothing: e2eprof runs from the checkout (PYTHONPATH) with the torch, transformers and triton installed.
+set -uo pipefail
+
+if [ "$#" -lt 1 ] || [ "${1#-}" != "$1" ]; then
+  sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
+  exit 2
+fi
+OUT=$1; shift
+PARTS=("$@")
+[ "${#PARTS[@]}" -eq 0 ] && PARTS=(tests default)
+PY=${PYTHON:-python3}
+MODEL_=${MODEL:-gpt2}
+RESULTS=${RESULTS:-$OUT/self-benchmark}
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+mkdir -p "$OUT"
+
+env_txt() {  # the time, the GPU's state (clocks, temperature and power tell a throttled or shared GPU), the versions
+  date -u +%FT%TZ
+  nvidia-smi --query-gpu=index,name,uuid,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1
+  "$PY" -c 'import torch, transformers, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count(), "transformers", transformers.__version__, "triton", triton.__version__)' 2>&1
+}
+
+worst=0
+step() {  # step DIR NAME COMMAND...: run COMMAND, its output in DIR/NAME.log, its exit code and wall time in DIR/status.txt
+  local dir=$1 name=$2; shift 2
+  local start; start=$(date +%s)
+  echo "\$ $*" > "$dir/$name.log"
+  if [ -n "${TIMEOUT:-}" ]; then timeout "$TIMEOUT" "$@" >> "$dir/$name.log" 2>&1; else "$@" >> "$dir/$name.log" 2>&1; fi
+  local code=$?
+  echo "$name: exit $code, wall $(( $(date +%s) - start )) s" | tee -a "$dir/status.txt"
+  [ "$code" -gt "$worst" ] && worst=$code
+  return 0
+}
+compare() {  # compare DIR NAME ARGS...: one e2eprof command into DIR/NAME
+  local dir=$1 name=$2; shift 2
+  # shellcheck disable=SC2086  # E2EPROF_EXTRA is a list of options
+  step "$dir" "$name" "$PY" -m e2eprof "$@" ${E2EPROF_EXTRA:-} --out "$dir/$name" --force
+}
+
+for part in "${PARTS[@]}"; do
+  dir="$OUT/$part"
+  mkdir -p "$dir"
+  env_txt > "$dir/env.txt"
+  case $part in
+    tests) step "$dir" gpu_tests "$PY" -m pytest tests/gpu -q -p no:cacheprovider ;;
+    default) compare "$dir" "$MODEL_-fastsoftmax" compare --model "$MODEL_" --patch fastsoftmax ;;
+    aa|sensitivity|overhead|cost|agreement)
+      mkdir -p "$RESULTS"
+      step "$dir" "$part" "$PY" benchmarks/self_benchmark.py --part "$part" --out "$RESULTS" ;;
+    results-table)
+      for patch in fusedsoftmax fastgelu fastlayernorm; do
+        compare "$dir" "$MODEL_-$patch-references" compare --model "$MODEL_" --patch "$patch" --workload train,infer --budget 20
+      done
+      for patch in rmsnorm swiglu; do
+        compare "$dir" "llama-1b-$patch-references" compare --model llama-1b --patch "$patch" --workload train,infer \
+          --batch 4 --budget 15
+      done ;;
+    sweep) compare "$dir" "$MODEL_-fastsoftmax-sweep" compare --model "$MODEL_" --patch fastsoftmax --workload train \
+             --batch 1,4,8 --seq 256,1024 --dtype bf16,fp32 --reference none --no-profile --steps 10 --block-steps 5 --budget 0 ;;
+    bert) compare "$dir" bert-base-fastgelu compare --model bert-base --patch fastgelu --workload infer --reference sdpa --budget 20 ;;
+    microbench)
+      read -r -a patches <<< "$("$PY" -c 'from e2eprof.registry import BUILTIN_PATCHES; print(*BUILTIN_PATCHES)')"
+      for patch in "${patches[@]}"; do compare "$dir" "$patch" microbench --patch "$patch"; done ;;
+    tuning) step "$dir" tune_fastsoftmax "$PY" benchmarks/tune_fastsoftmax.py --out "$dir/tune_fastsoftmax.csv" ;;
+    process-noise) step "$dir" process_noise "$PY" benchmarks/process_noise.py --processes 6 --profile-steps 24 --out "$dir/process-noise" ;;
+    host-bound) step "$dir" process_spread "$PY" benchmarks/process_spread.py "$dir/host-bound" --model gpt2 \
+                  --workload decode,generate --isolate none,all ;;
+    startup) step "$dir" worker_startup "$PY" benchmarks/worker_startup.py ;;
+    multi-gpu)
+      export NCCL_NVLS_ENABLE=0
+      for entry in "gpt2 fastsoftmax train-ddp" "llama-1b rmsnorm train-ddp --batch 4" "llama-1b swiglu train-ddp --batch 4" \
+                   "gpt2 fastsoftmax train-fsdp" "llama-1b rmsnorm train-fsdp --batch 4"; do
+        read -r model patch workload extra <<< "$entry"
+        # shellcheck disable=SC2086  # extra is a list of options
+        compare "$dir" "$model-$patch-$workload" compare --model "$model" --patch "$patch" --workload "$workload" \
+          --nproc 2 --device cuda --reference sdpa --budget 20 ${extra:-}
+      done ;;
+    *) echo "gpu_suite: unknown part '$part'" >&2; exit 2 ;;
+  esac
+done
+exit "$worst"
