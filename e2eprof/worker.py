@@ -23,7 +23,7 @@ from e2eprof.config import DECODING_WORKLOADS
 from e2eprof.harness.protocol import WorkerSetup
 from e2eprof.isolation import apply_in_worker, freeze_survivors, gc_off_the_clock
 from e2eprof.memory import MemoryTracker, check_test_limit, release
-from e2eprof.patching import AppliedPatch, apply_patch, check_model_fits
+from e2eprof.patching import AppliedPatch, apply_patch
 from e2eprof.registry import load_patch
 from e2eprof.stats import warm_windows_agree
 from e2eprof.workloads import trained_like
@@ -110,10 +110,10 @@ class ArmWorker:
         setup = self.setup
         started = time.perf_counter()
         self.loaded = load_patch(setup.patch_spec)  # every arm loads it, so every arm can report its counters
-        source = resolve_model(setup.model)
-        if setup.arm.apply_patch:
-            check_model_fits(self.loaded.patch, source.architecture, setup.arm.attn_implementation)
-        model = build_model(source, attn_implementation=setup.arm.attn_implementation, seed=setup.seed)
+        # Whether the patch fits the model was checked in the parent before any process started
+        # (runner.check_before_measuring), and apply_patch checks it again on the built model.
+        model = build_model(resolve_model(setup.model), attn_implementation=setup.arm.attn_implementation,
+                            seed=setup.seed)
         if setup.arm.apply_patch:
             self.applied = apply_patch(self.loaded.patch, model)
         self.model = model.to(self.device)
