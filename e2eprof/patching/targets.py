@@ -6,7 +6,6 @@ wrongly declared replacement is one precise PatchError line instead of a crashed
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import pkgutil
@@ -15,6 +14,7 @@ from collections.abc import Callable
 
 from e2eprof.errors import PatchError
 from e2eprof.patch import Patch
+from e2eprof.suggest import nearby
 
 
 def resolve(target: str) -> tuple[types.ModuleType, list[str], list[object]]:
@@ -32,17 +32,11 @@ def resolve(target: str) -> tuple[types.ModuleType, list[str], list[object]]:
         if not hasattr(owner, part):
             where = module_name + "".join("." + p for p in parts[:depth])
             raise PatchError(
-                f"target {target}: '{where}' has no attribute '{part}'{_nearby_names(part, dir(owner))} "
+                f"target {target}: '{where}' has no attribute '{part}'{nearby(part, dir(owner))} "
                 f"(the modeling code may have changed in this transformers version)"
             )
         objects.append(getattr(owner, part))
     return module, parts, objects
-
-
-def _nearby_names(name: str, names: list[str]) -> str:
-    """'; nearby: a, b, c' for the names closest to `name` (what the user probably meant), or ''."""
-    close = difflib.get_close_matches(name, [n for n in names if not n.startswith("__")], n=3, cutoff=0.6)
-    return f"; nearby: {', '.join(close)}" if close else ""
 
 
 def _nearby_modules(module_name: str) -> str:
@@ -54,7 +48,7 @@ def _nearby_modules(module_name: str) -> str:
         return ""
     if package is None or not hasattr(package, "__path__"):
         return ""
-    return _nearby_names(leaf, [info.name for info in pkgutil.iter_modules(package.__path__)])
+    return nearby(leaf, [info.name for info in pkgutil.iter_modules(package.__path__)])
 
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
