@@ -4,6 +4,9 @@ Shared by every kernel's op.py. There is deliberately no fallback to the stock P
 runs the stock op is exactly what e2eprof must catch, so a missing implementation raises instead. On the CPU an
 environment variable per kernel (e.g. E2EPROF_FASTSOFTMAX_IMPL=triton) forces the Triton kernels, which is only
 meaningful under TRITON_INTERPRET=1 (the tests use it to run the Triton code without a GPU).
+
+Also the helpers every op.py would otherwise repeat: the lazy import of its Triton module (triton_kernels) and
+the floating-dtype check of its arguments (check_float).
 """
 
 from __future__ import annotations

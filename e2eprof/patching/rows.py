@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 
-# ---- Anti-cheat checks of verify mode (GUIDE section 3; README "What e2eprof checks") ----------------------
-# Each is its own correctness row, so a report names the trick, not just "incorrect". Only top-level tensor
+# The anti-cheat checks of verify mode (GUIDE section 3; README "What e2eprof checks"): metric -> what failing it
+# means. Each is its own correctness row, so a report names the trick, not just "incorrect". Only top-level tensor
 # arguments are inspected (what the replaced functions and forwards take).
 CALL_CHECK_METRICS = {
     "output_not_plain_tensor": "a tensor subclass (possibly lazy, or lying about its contents) instead of torch.Tensor",
