@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 from e2eprof import isolation
 from e2eprof.distributed.options import DISTRIBUTED_WORKLOAD_NAMES, LaunchSpec, check_launch, is_distributed
 from e2eprof.errors import UsageError
+from e2eprof.suggest import suggest
 from e2eprof.sweep import SweepPoint, as_tuple, grid
 
 # A single-process run's workloads. The default decodes as serving stacks do (static cache, CUDA graphs); "generate"
@@ -20,12 +20,6 @@ WORKLOAD_NAMES = DEFAULT_WORKLOADS + ("generate",)
 DECODING_WORKLOADS = ("decode", "generate")  # they take --new-tokens and report TTFT and TPOT
 KNOWN_WORKLOADS = WORKLOAD_NAMES + DISTRIBUTED_WORKLOAD_NAMES
 PRECISIONS = ("bf16", "fp16", "fp32")
-
-
-def suggest(name: str, known: list[str] | tuple[str, ...]) -> str:
-    """' (did you mean 'x'?)' for the closest known name, or '' when nothing is close."""
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 # How far two identical processes' step times differ beyond their own intervals (relative SD of the A/A log-ratio;

@@ -23,7 +23,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from e2eprof.config import suggest
+from e2eprof.suggest import suggest
 from e2eprof.errors import UsageError
 
 # policy key -> (CompareConfig field, accepted types)

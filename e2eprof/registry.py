@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2eprof.config import suggest
+from e2eprof.suggest import suggest
 from e2eprof.errors import PatchError
 from e2eprof.patch import Patch
 

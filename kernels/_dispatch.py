@@ -4,11 +4,16 @@ Shared by every kernel's op.py. There is deliberately no fallback to the stock P
 runs the stock op is exactly what e2eprof must catch, so a missing implementation raises instead. On the CPU an
 environment variable per kernel (e.g. E2EPROF_FASTSOFTMAX_IMPL=triton) forces the Triton kernels, which is only
 meaningful under TRITON_INTERPRET=1 (the tests use it to run the Triton code without a GPU).
+
+Also the helpers every op.py would otherwise repeat: the lazy import of its Triton module (triton_kernels) and
+the floating-dtype check of its arguments (check_float).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import types
 
 import torch
 
@@ -49,3 +54,18 @@ def choose_impl(t: torch.Tensor, *, op: str, env_var: str, stock: str, triton_av
             raise RuntimeError(f"{env_var}=triton on a CPU tensor needs TRITON_INTERPRET=1, set before triton is first imported")
         return "triton"
     raise ValueError(f"{env_var} must be 'cpu', 'triton' or 'auto', got {choice!r}")
+
+
+def triton_kernels(package: str) -> types.ModuleType:
+    """The Triton module (`<package>.triton_kernels`) of the kernel package `package`, imported on first use.
+
+    Imported lazily: the module imports triton at top level, and @triton.jit decides at decoration time whether
+    to build interpreted kernels, so TRITON_INTERPRET must already be set when this first runs.
+    """
+    return importlib.import_module(f"{package}.triton_kernels")
+
+
+def check_float(op: str, name: str, dtype: torch.dtype) -> None:
+    """Raise TypeError naming e2eprof::<op> and the argument when `dtype` is not a floating dtype."""
+    if not dtype.is_floating_point:
+        raise TypeError(f"e2eprof::{op}: {name} must be a floating dtype, got {dtype}")

@@ -20,13 +20,14 @@ mask token and only those positions are labelled; `infer` is the masked-LM forwa
 from __future__ import annotations
 
 import contextlib
-import difflib
 import inspect
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import torch
+
+from e2eprof.suggest import suggest
 
 from .models import ModelSource, max_positions, objective
 
@@ -85,13 +86,13 @@ class Workload:
 
     def __init__(self, model: torch.nn.Module, device: torch.device | str, precision: str, **options: Any):
         if precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {precision!r}{_did_you_mean(precision, PRECISIONS)}; "
+            raise ValueError(f"unknown precision {precision!r}{suggest(precision, PRECISIONS)}; "
                              f"known: {', '.join(PRECISIONS)}")
         unknown = sorted(set(options) - set(self.defaults))
         if unknown:
             known = ", ".join(self.defaults) or "none"
             raise ValueError(f"workload {self.name!r} has no option {unknown[0]!r}"
-                             f"{_did_you_mean(unknown[0], self.defaults)}; its options: {known}")
+                             f"{suggest(unknown[0], self.defaults)}; its options: {known}")
         _check_weight_dtype(model, precision)
         config = getattr(model, "config", None)
         self.objective = objective(getattr(config, "model_type", ""))
@@ -359,7 +360,7 @@ def make_workload(name: str, model: torch.nn.Module, device: torch.device | str,
     """Construct the workload registered under `name`; unknown names raise ValueError with a close match."""
     known = all_workloads()
     if name not in known:
-        raise ValueError(f"unknown workload {name!r}{_did_you_mean(name, known)}; known: {', '.join(known)}")
+        raise ValueError(f"unknown workload {name!r}{suggest(name, known)}; known: {', '.join(known)}")
     return known[name](model, device, precision, **options)
 
 
@@ -413,11 +414,6 @@ def _cache_of(out: Any) -> Any:
         if key in keys and out[key] is not None:
             return out[key]
     raise RuntimeError("the model returned no KV cache with use_cache=True; it cannot run the generate workload")
-
-
-def _did_you_mean(word: str, choices: Any) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # At the end: decode.py builds on _Decoding and the helpers above.

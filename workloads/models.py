@@ -10,13 +10,14 @@ a typo before it spawns worker processes.
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
+
+from e2eprof.suggest import suggest
 
 from .presets import PRESETS
 
@@ -142,10 +143,9 @@ def _looks_like_path(s: str) -> bool:
 
 
 def _unknown_model_message(name: str) -> str:
-    close = difflib.get_close_matches(name, PRESETS, n=1, cutoff=0.6)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
     known = ", ".join(PRESETS)
-    return f"unknown model {name!r}{hint}; known: {known}, or a local folder with config.json and *.safetensors"
+    return (f"unknown model {name!r}{suggest(name, PRESETS)}; known: {known}, "
+            "or a local folder with config.json and *.safetensors")
 
 
 def _resolve_folder(path: Path) -> ModelSource:

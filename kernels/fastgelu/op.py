@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, choose_impl
+from .._dispatch import TRITON_AVAILABLE, check_float, choose_impl, triton_kernels
 from . import cpu
 from .cpu import APPROXIMATIONS
 
@@ -33,22 +33,12 @@ IMPL_ENV = "E2EPROF_FASTGELU_IMPL"
 IMPL_CALLS: collections.Counter = collections.Counter()
 
 
-def _triton_kernels():
-    # Imported lazily: the module imports triton at top level, and @triton.jit decides at decoration time whether
-    # to build interpreted kernels, so TRITON_INTERPRET must already be set when this first runs.
-    from . import triton_kernels
-
-    return triton_kernels
-
-
 def _choose_impl(t: torch.Tensor) -> str:
     """Pick "triton" or "cpu" for tensor `t`, or raise: never a silent fallback to the stock op."""
     return choose_impl(t, op="fastgelu", env_var=IMPL_ENV, stock="the stock GELU", triton_available=TRITON_AVAILABLE)
 
 
-def _check_float(name: str, dtype: torch.dtype) -> None:
-    if not dtype.is_floating_point:
-        raise TypeError(f"e2eprof::fastgelu: {name} must be a floating dtype, got {dtype}")
+_check_float = functools.partial(check_float, "fastgelu")  # a TypeError naming e2eprof::fastgelu
 
 
 def _check_approximate(approximate: str) -> None:
@@ -88,7 +78,7 @@ def _fastgelu_op(x: torch.Tensor, out_dtype: Optional[torch.dtype], approximate:
     strides = _stock_strides(x)
     x1d = _flat_in(x, strides)  # (N,)
     if impl == "triton":
-        y1d = _triton_kernels().gelu_forward(x1d, out_dtype, approximate)
+        y1d = triton_kernels(__package__).gelu_forward(x1d, out_dtype, approximate)
     else:
         y1d = cpu.gelu_forward(x1d, out_dtype, approximate)
     IMPL_CALLS[f"{impl}.fwd"] += 1
@@ -117,7 +107,7 @@ def _fastgelu_backward_op(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: tor
     dy1d = _flat_in(grad_out, strides)  # (N,)
     x1d = _flat_in(x, strides)  # (N,)
     if impl == "triton":
-        dx1d = _triton_kernels().gelu_backward(dy1d, x1d, dx_dtype, approximate)
+        dx1d = triton_kernels(__package__).gelu_backward(dy1d, x1d, dx_dtype, approximate)
     else:
         dx1d = cpu.gelu_backward(dy1d, x1d, dx_dtype, approximate)
     IMPL_CALLS[f"{impl}.bwd"] += 1

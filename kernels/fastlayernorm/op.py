@@ -12,13 +12,14 @@ contiguous whatever the input's layout.
 """
 
 import collections
+import functools
 import math
 from collections.abc import Sequence
 from typing import Optional
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, choose_impl
+from .._dispatch import TRITON_AVAILABLE, check_float, choose_impl, triton_kernels
 from . import cpu
 
 IMPL_ENV = "E2EPROF_FASTLAYERNORM_IMPL"
@@ -28,22 +29,12 @@ IMPL_ENV = "E2EPROF_FASTLAYERNORM_IMPL"
 IMPL_CALLS: collections.Counter = collections.Counter()
 
 
-def _triton_kernels():
-    # Imported lazily: the module imports triton at top level, and @triton.jit decides at decoration time whether
-    # to build interpreted kernels, so TRITON_INTERPRET must already be set when this first runs.
-    from . import triton_kernels
-
-    return triton_kernels
-
-
 def _choose_impl(t: torch.Tensor) -> str:
     """Pick "triton" or "cpu" for tensor `t`, or raise: never a silent fallback to the stock op."""
     return choose_impl(t, op="fastlayernorm", env_var=IMPL_ENV, stock="torch's layer_norm", triton_available=TRITON_AVAILABLE)
 
 
-def _check_float(name: str, dtype: torch.dtype) -> None:
-    if not dtype.is_floating_point:
-        raise TypeError(f"e2eprof::fastlayernorm: {name} must be a floating dtype, got {dtype}")
+_check_float = functools.partial(check_float, "fastlayernorm")  # a TypeError naming e2eprof::fastlayernorm
 
 
 def _rows_cols(x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
@@ -95,7 +86,7 @@ def _fastlayernorm_op(x: torch.Tensor, normalized_shape: Sequence[int], weight: 
     x2d = x.contiguous().reshape(rows, cols)  # (R, C)
     w, b = _flat_param(weight, cols), _flat_param(bias, cols)
     if impl == "triton":
-        y2d, mean, rstd = _triton_kernels().layer_norm_forward(x2d, w, b, eps, out_dtype)
+        y2d, mean, rstd = triton_kernels(__package__).layer_norm_forward(x2d, w, b, eps, out_dtype)
     else:
         y2d, mean, rstd = cpu.layer_norm_forward(x2d, w, b, eps, out_dtype)
     IMPL_CALLS[f"{impl}.fwd"] += 1
@@ -132,7 +123,7 @@ def _fastlayernorm_backward_op(grad_out: torch.Tensor, x: torch.Tensor, mean: to
     mean1d, rstd1d = mean.contiguous().reshape(rows), rstd.contiguous().reshape(rows)  # (R,)
     w = _flat_param(weight, cols)
     if impl == "triton":
-        dx2d, dw, db = _triton_kernels().layer_norm_backward(dy2d, x2d, mean1d, rstd1d, w, dx_dtype, weight_dtype,
+        dx2d, dw, db = triton_kernels(__package__).layer_norm_backward(dy2d, x2d, mean1d, rstd1d, w, dx_dtype, weight_dtype,
                                                              bias_dtype)
     else:
         dx2d, dw, db = cpu.layer_norm_backward(dy2d, x2d, mean1d, rstd1d, w, dx_dtype, weight_dtype, bias_dtype)

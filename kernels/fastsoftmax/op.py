@@ -13,12 +13,13 @@ dtype arguments: torch.library accepts `torch.dtype` as the schema type `ScalarT
 """
 
 import collections
+import functools
 import math
 from typing import Optional
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, choose_impl
+from .._dispatch import TRITON_AVAILABLE, check_float, choose_impl, triton_kernels
 from . import cpu
 
 IMPL_ENV = "E2EPROF_FASTSOFTMAX_IMPL"
@@ -26,14 +27,6 @@ IMPL_ENV = "E2EPROF_FASTSOFTMAX_IMPL"
 # Keys "triton.fwd", "triton.bwd", "cpu.fwd", "cpu.bwd": one per call that reached an implementation
 # (empty inputs included: the implementation is chosen and called, it just launches nothing).
 IMPL_CALLS: collections.Counter = collections.Counter()
-
-
-def _triton_kernels():
-    # Imported lazily: the module imports triton at top level, and @triton.jit decides at decoration time whether
-    # to build interpreted kernels, so TRITON_INTERPRET must already be set when this first runs.
-    from . import triton_kernels
-
-    return triton_kernels
 
 
 def _choose_impl(t: torch.Tensor) -> str:
@@ -48,9 +41,7 @@ def _normalize_dim(dim: int, ndim: int) -> int:
     return dim % n
 
 
-def _check_float(name: str, dtype: torch.dtype) -> None:
-    if not dtype.is_floating_point:
-        raise TypeError(f"e2eprof::fastsoftmax: {name} must be a floating dtype, got {dtype}")
+_check_float = functools.partial(check_float, "fastsoftmax")  # a TypeError naming e2eprof::fastsoftmax
 
 
 def _to_rows(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -96,7 +87,7 @@ def _fastsoftmax_impl(x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype
     impl = _choose_impl(x)
     x2d = _to_rows(x, dim)  # (R, C)
     if impl == "triton":
-        y2d = _triton_kernels().softmax_forward(x2d, out_dtype)
+        y2d = triton_kernels(__package__).softmax_forward(x2d, out_dtype)
     else:
         y2d = cpu.softmax_forward(x2d, out_dtype)
     IMPL_CALLS[f"{impl}.fwd"] += 1
@@ -120,7 +111,7 @@ def _fastsoftmax_backward_impl(
     dy2d = _to_rows(grad_out, dim)  # (R, C)
     y2d = _to_rows(out, dim)  # (R, C)
     if impl == "triton":
-        dx2d = _triton_kernels().softmax_backward(dy2d, y2d, in_dtype)
+        dx2d = triton_kernels(__package__).softmax_backward(dy2d, y2d, in_dtype)
     else:
         dx2d = cpu.softmax_backward(dy2d, y2d, in_dtype)
     IMPL_CALLS[f"{impl}.bwd"] += 1

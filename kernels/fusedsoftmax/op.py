@@ -9,11 +9,12 @@ fallback to torch's softmax: a missing implementation raises. IMPL_CALLS counts 
 """
 
 import collections
+import functools
 from typing import Optional
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, choose_impl
+from .._dispatch import TRITON_AVAILABLE, check_float, choose_impl, triton_kernels
 from . import cpu
 
 IMPL_ENV = "E2EPROF_FUSEDSOFTMAX_IMPL"
@@ -23,23 +24,13 @@ IMPL_ENV = "E2EPROF_FUSEDSOFTMAX_IMPL"
 IMPL_CALLS: collections.Counter = collections.Counter()
 
 
-def _triton_kernels():
-    # Imported lazily: @triton.jit decides at decoration time whether to build interpreted kernels, so
-    # TRITON_INTERPRET must already be set when this first runs.
-    from . import triton_kernels
-
-    return triton_kernels
-
-
 def _choose_impl(t: torch.Tensor) -> str:
     """Pick "triton" or "cpu" for tensor `t`, or raise: never a silent fallback to the stock op."""
     return choose_impl(t, op="fusedsoftmax", env_var=IMPL_ENV, stock="the stock attention softmax",
                        triton_available=TRITON_AVAILABLE)
 
 
-def _check_float(name: str, dtype: torch.dtype) -> None:
-    if not dtype.is_floating_point:
-        raise TypeError(f"e2eprof::fusedsoftmax: {name} must be a floating dtype, got {dtype}")
+_check_float = functools.partial(check_float, "fusedsoftmax")  # a TypeError naming e2eprof::fusedsoftmax
 
 
 def _check_forward_args(scores: torch.Tensor, mask: Optional[torch.Tensor], out_dtype: torch.dtype) -> None:
@@ -74,7 +65,7 @@ def _fusedsoftmax_op(scores: torch.Tensor, mask: Optional[torch.Tensor], scale: 
     x = scores.contiguous()  # (B, H, T, S); a no-op for matmul outputs
     m = mask.expand(x.shape) if mask is not None else None  # a view: broadcast dims get stride 0, nothing copied
     if impl == "triton":
-        y = _triton_kernels().fused_softmax_forward(x, m, scale, out_dtype)
+        y = triton_kernels(__package__).fused_softmax_forward(x, m, scale, out_dtype)
     else:
         y = cpu.fused_softmax_forward(x, m, scale, out_dtype)
     IMPL_CALLS[f"{impl}.fwd"] += 1
@@ -108,7 +99,7 @@ def _fusedsoftmax_backward_op(grad_out: torch.Tensor, out: torch.Tensor, scale: 
     impl = _choose_impl(out)
     dy, y = grad_out.contiguous(), out.contiguous()  # (B, H, T, S) each
     if impl == "triton":
-        dx = _triton_kernels().fused_softmax_backward(dy, y, scale, in_dtype)
+        dx = triton_kernels(__package__).fused_softmax_backward(dy, y, scale, in_dtype)
     else:
         dx = cpu.fused_softmax_backward(dy, y, scale, in_dtype)
     IMPL_CALLS[f"{impl}.bwd"] += 1

@@ -12,21 +12,13 @@ import math
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, choose_impl
+from .._dispatch import TRITON_AVAILABLE, choose_impl, triton_kernels
 from . import cpu
 
 IMPL_ENV = "E2EPROF_RMSNORM_IMPL"
 
 # Keys "triton.fwd", "triton.bwd", "cpu.fwd", "cpu.bwd": one per call that reached an implementation.
 IMPL_CALLS: collections.Counter = collections.Counter()
-
-
-def _triton_kernels():
-    # Imported lazily: @triton.jit decides at decoration time whether to build interpreted kernels, so
-    # TRITON_INTERPRET must already be set when this first runs.
-    from . import triton_kernels
-
-    return triton_kernels
 
 
 def _choose_impl(t: torch.Tensor) -> str:
@@ -53,7 +45,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 def _rmsnorm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _check_args(x, weight)
     impl = _choose_impl(x)
-    kernels = _triton_kernels() if impl == "triton" else cpu
+    kernels = triton_kernels(__package__) if impl == "triton" else cpu
     y2d = kernels.rmsnorm_forward(_rows(x), weight.contiguous(), eps)  # (R, C)
     IMPL_CALLS[f"{impl}.fwd"] += 1
     return y2d.reshape(x.shape)
@@ -74,7 +66,7 @@ def _rmsnorm_backward_op(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.
                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     _check_backward_args(grad_out, x, weight)
     impl = _choose_impl(x)
-    kernels = _triton_kernels() if impl == "triton" else cpu
+    kernels = triton_kernels(__package__) if impl == "triton" else cpu
     dx2d, dw = kernels.rmsnorm_backward(_rows(grad_out), _rows(x), weight.contiguous(), eps)
     IMPL_CALLS[f"{impl}.bwd"] += 1
     return dx2d.reshape(x.shape), dw

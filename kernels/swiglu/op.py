@@ -11,21 +11,13 @@ import collections
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, choose_impl
+from .._dispatch import TRITON_AVAILABLE, choose_impl, triton_kernels
 from . import cpu
 
 IMPL_ENV = "E2EPROF_SWIGLU_IMPL"
 
 # Keys "triton.fwd", "triton.bwd", "cpu.fwd", "cpu.bwd": one per call that reached an implementation.
 IMPL_CALLS: collections.Counter = collections.Counter()
-
-
-def _triton_kernels():
-    # Imported lazily: @triton.jit decides at decoration time whether to build interpreted kernels, so
-    # TRITON_INTERPRET must already be set when this first runs.
-    from . import triton_kernels
-
-    return triton_kernels
 
 
 def _choose_impl(t: torch.Tensor) -> str:
@@ -52,7 +44,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 def _swiglu_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     _check_args(("gate", gate), ("up", up))
     impl = _choose_impl(gate)
-    kernels = _triton_kernels() if impl == "triton" else cpu
+    kernels = triton_kernels(__package__) if impl == "triton" else cpu
     y = kernels.swiglu_forward(_flat(gate), _flat(up))
     IMPL_CALLS[f"{impl}.fwd"] += 1
     return y.reshape(gate.shape)
@@ -71,7 +63,7 @@ def _swiglu_backward_op(grad_out: torch.Tensor, gate: torch.Tensor,
                         up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check_args(("gate", gate), ("up", up), ("grad_out", grad_out))
     impl = _choose_impl(gate)
-    kernels = _triton_kernels() if impl == "triton" else cpu
+    kernels = triton_kernels(__package__) if impl == "triton" else cpu
     dgate, dup = kernels.swiglu_backward(_flat(grad_out), _flat(gate), _flat(up))
     IMPL_CALLS[f"{impl}.bwd"] += 1
     return dgate.reshape(gate.shape), dup.reshape(up.shape)
