@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from e2eprof.harness.protocol import ArmSpec, WorkerSetup
-from e2eprof.worker import ArmWorker
+from e2eprof.harness.worker import ArmWorker
 
 
 def synchronize(device: str) -> None:

@@ -1,4 +1,4 @@
-"""How far identical worker processes land apart, with and without worker isolation (e2eprof.isolation).
+"""How far identical worker processes land apart, with and without worker isolation (e2eprof.harness.isolation).
 
 One A/A run (`e2eprof calibrate`) per (workload, isolation setting), with many processes of the same stock arm
 (--replicas R: 2R processes), gives per-process medians directly: their spread is the process noise a compare run

@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from e2eprof import stats
-from e2eprof.telemetry import open_sampler
+from e2eprof.analysis import stats
+from e2eprof.trackers.telemetry import open_sampler
 from e2eprof.workloads.batches import synthetic_token_batches
 from e2eprof.workloads.loops import make_workload
 from e2eprof.workloads.models import build_model, resolve_model

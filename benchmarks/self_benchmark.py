@@ -272,9 +272,9 @@ def part_overhead(s: Settings, blocks: int) -> list[dict]:
     """
     import torch
 
-    from e2eprof.telemetry import open_sampler
+    from e2eprof.trackers.telemetry import open_sampler
     from e2eprof.harness.protocol import ArmSpec, WorkerSetup
-    from e2eprof.worker import ArmWorker
+    from e2eprof.harness.worker import ArmWorker
 
     d = s.resolved()
     worker = ArmWorker(WorkerSetup(arm=ArmSpec("baseline", "eager", False), model=s.model, patch_spec="fastsoftmax",
@@ -368,7 +368,7 @@ def isolated_profile_us(call, device: str, calls_per_step: int = 20) -> float:
     difference between them is the timers', not the loop's."""
     import torch
 
-    from e2eprof.profiling import profile_workload
+    from e2eprof.trackers.profiling import profile_workload
 
     result = profile_workload(lambda: [call() for _ in range(calls_per_step)], torch.nn.Module(),
                               device=torch.device(device), warmup=1, active=3, with_module_ranges=False)
@@ -411,7 +411,7 @@ def part_agreement(s: Settings) -> list[dict]:
     from e2eprof.microbench.bench import draw_inputs, op_for
     from e2eprof.microbench.capture import capture_shapes
     from e2eprof.registry import load_patch
-    from e2eprof.telemetry import open_sampler
+    from e2eprof.trackers.telemetry import open_sampler
 
     run_dir = s.out / "runs" / "agreement-compare"
     result = run_e2eprof(["compare", "--model", s.model, "--patch", "fastsoftmax", "--workload", s.workload,
@@ -470,7 +470,7 @@ def binomial_lower(k: int, n: int, confidence: float = 0.95) -> float:
 
 def within_interval(row) -> tuple[float, float]:
     """A run's interval without the process noise its summary folded in (stats.without_process_noise)."""
-    from e2eprof import stats
+    from e2eprof.analysis import stats
 
     noise = getattr(row, "process_noise", math.nan)
     if not (isinstance(noise, float) and noise > 0):
@@ -487,7 +487,7 @@ def within_halfwidths(runs: pd.DataFrame) -> pd.Series:
 
 def aa_process_noise(runs: pd.DataFrame) -> float:
     """The process noise A/A runs imply (stats.process_noise_estimate on their within-run intervals); NaN under 3."""
-    from e2eprof import stats
+    from e2eprof.analysis import stats
 
     if len(runs) < 3:
         return math.nan
@@ -507,7 +507,7 @@ def aa_significant(runs: pd.DataFrame, process_noise: float) -> pd.Series:
     """Each A/A run judged as e2eprof judges now: its within-run interval widened by PROCESS_NOISE (for one process
     per arm; less for a run with more, stats.replicated_process_noise) excludes 1 and the adjusted Mann-Whitney p is
     under 1 - confidence."""
-    from e2eprof import stats
+    from e2eprof.analysis import stats
 
     judged = []
     for r, processes in zip(runs.itertuples(), processes_per_arm(runs)):
@@ -578,7 +578,7 @@ def figure(part: str, table: pd.DataFrame, default_noise: float = 0.0,
                  "| measured slowdown (median) | timed s (median) |"), "|---|---|---|---|---|---|---|---|"]
         return text, verdict, head + lines
     if part == "overhead":
-        from e2eprof import stats
+        from e2eprof.analysis import stats
 
         bare = ok[ok.condition == "bare"]
         lines, verdict = [], None

@@ -1,7 +1,7 @@
 """Statistics of a run that was stopped after its last unit but before its summary, computed on any machine.
 
 `compare --resume` finishes such a run, but it needs the run's device again. This script applies the same
-`e2eprof.summary.summarize` to the steps and correctness rows the run wrote, with the run's own configuration
+`e2eprof.analysis.summary.summarize` to the steps and correctness rows the run wrote, with the run's own configuration
 (config_json; only the device is replaced by "cpu", which no statistic depends on), and writes the summary as
 summary-offline.parquet and a markdown table. It does not change the run's status: the run stays incomplete.
 Usage: python3 benchmarks/summarize_finished_units.py RUN_DIR
@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from e2eprof.config import CompareConfig
-from e2eprof.summary import summarize
+from e2eprof.analysis.summary import summarize
 
 
 def main(run_dir: Path) -> None:

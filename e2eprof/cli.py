@@ -186,7 +186,7 @@ def calibrate(
 def _config(policy: Path | None, **options):
     """CompareConfig from: defaults, then the policy file, then the options the user gave (None = not given)."""
     from e2eprof.config import CompareConfig
-    from e2eprof.policy import load_policy
+    from e2eprof.analysis.policy import load_policy
 
     values = load_policy(policy) if policy is not None else {}
     values.update({k: v for k, v in options.items() if v is not None})

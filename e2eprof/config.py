@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2eprof import isolation
+from e2eprof.harness import isolation
 from e2eprof.distributed.options import DISTRIBUTED_WORKLOAD_NAMES, LaunchSpec, check_launch, is_distributed
 from e2eprof.errors import UsageError
 from e2eprof.suggest import suggest
@@ -122,7 +122,7 @@ class CompareConfig:
     nproc: int = 1  # ranks per arm on this node: > 1 (or a train-ddp/train-fsdp workload) launches each arm with torchrun
     nnodes: int = 1  # passed through to torchrun, with rdzv_endpoint (HOST:PORT)
     rdzv_endpoint: str | None = None
-    isolate: str | tuple[str, ...] | None = None  # worker isolation parts (e2eprof.isolation); None: all of them
+    isolate: str | tuple[str, ...] | None = None  # worker isolation parts (e2eprof.harness.isolation); None: all of them
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

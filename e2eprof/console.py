@@ -254,7 +254,7 @@ def print_sweep(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir
                 console.print(f"  {point}: " + "; ".join(parts))
     overall = [v.verdict for v in verdicts.values()]
     if overall:
-        from e2eprof.verdict import worst
+        from e2eprof.analysis.verdict import worst
 
         verdict = worst(overall)
         counts = ", ".join(f"{overall.count(v)} {v}" for v in ("PASS", "INCONCLUSIVE", "FAIL") if overall.count(v))

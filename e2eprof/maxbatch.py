@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from e2eprof import reports
-from e2eprof.arm_process import ArmFailed, ArmProcess
+from e2eprof.harness.arm_process import ArmFailed, ArmProcess
 from e2eprof.config import CompareConfig
 from e2eprof.errors import UsageError
 from e2eprof.runner import (

@@ -54,7 +54,7 @@ class Patch:
         say which implementation ran and prove the custom kernel, not a fallback, did the work.
     kernel_names: substrings of device kernel names the custom kernel launches (checked in profiles).
     tolerances: relative-norm error floor per output dtype name; error_factor: k in max(k * stock, floor).
-    domain: the range of inputs the op must handle, for the gate's stress check (e2eprof.stress): "any" (scales up
+    domain: the range of inputs the op must handle, for the gate's stress check (e2eprof.checks.stress): "any" (scales up
         to overflow, row offsets, outlier channels, extremes, denormals, constant rows), "softmax" (also fully masked
         rows and NaN/Inf at masked places), "none", or a function of a call's (args, kwargs) yielding
         (name, args, kwargs) points of its own.

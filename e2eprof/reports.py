@@ -27,7 +27,7 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "ops": ("run_id", "point", "workload", "arm", "rank", "module", "op", "input_shapes", "in_replaced", "direction",
             "count", "self_device_us", "self_cpu_us", "kernels"),
     "kernels": ("run_id", "point", "workload", "arm", "rank", "kernel", "op", "calls", "total_us", "median_us"),
-    # Just-in-time work per process and phase (e2eprof.jit_events): compilations, autotuning, CUDA graph captures.
+    # Just-in-time work per process and phase (e2eprof.trackers.jit_events): compilations, autotuning, CUDA graph captures.
     "jit": ("run_id", "point", "workload", "arm", "replica", "rank", "phase", "triton_compiles", "autotune_runs",
             "compile_graphs", "graph_captures"),
     "summary": ("run_id", "workload", "arm", "n", "median_ms", "mean_ms", "p10_ms", "p90_ms", "iqr_ms", "cv",

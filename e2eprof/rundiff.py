@@ -1,7 +1,7 @@
 """`diff`: compare two report directories of the same comparison, e.g. before and after a driver or kernel change.
 
 The two runs are independent samples (different processes, often different days or cards), so nothing is paired
-across them: every interval here resamples run A and run B independently. Statistics come from e2eprof.stats.
+across them: every interval here resamples run A and run B independently. Statistics come from e2eprof.analysis.stats.
 
 Per (workload, arm) present in both runs: median A, median B, the time ratio B/A (above 1: B is slower) with a
 bootstrap interval, a Mann-Whitney p-value Holm-adjusted over all those rows, and a status. Per workload: the
@@ -37,12 +37,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from e2eprof import reports, stats
+from e2eprof import reports
+from e2eprof.analysis import stats
 from e2eprof.config import DeviceDefaults
 from e2eprof.errors import UsageError
 from e2eprof.distributed.ranks import slowest_rank_frame
 from e2eprof.sweep import OOM_METRIC, SweepPoint
-from e2eprof.verdict import MIN_SAMPLES
+from e2eprof.analysis.verdict import MIN_SAMPLES
 
 METRICS = {"wall": "host wall time per step", "device": "CUDA-event device time per step"}
 

@@ -24,9 +24,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from e2eprof import explain, isolation, reports, startup, telemetry, worker_output
+from e2eprof import reports, startup
+from e2eprof.harness import isolation
+from e2eprof.harness import worker_output
+from e2eprof.analysis import explain
+from e2eprof.trackers import telemetry
 from e2eprof import resume as resume_run
-from e2eprof.arm_process import ArmProcess
+from e2eprof.harness.arm_process import ArmProcess
 from e2eprof.config import AA_ARM, CompareConfig, default_out_dir
 from e2eprof.distributed import ranks as dp
 from e2eprof.distributed.launch import start_arm
@@ -42,9 +46,9 @@ from e2eprof.phases.profile import profile_arms, profile_steps_for
 from e2eprof.phases.proof import kernel_ran_rows, thread_rows
 from e2eprof.phases.timing import candidate_arm, timed_blocks
 from e2eprof.registry import LoadedPatch, load_patch
-from e2eprof.summary import attach_memory, summarize, verdict_key
+from e2eprof.analysis.summary import attach_memory, summarize, verdict_key
 from e2eprof.sweep import SweepPoint, by_point, is_oom
-from e2eprof.verdict import EXIT_CODES, Verdict, flag_implausible, worst
+from e2eprof.analysis.verdict import EXIT_CODES, Verdict, flag_implausible, worst
 from e2eprof.harness.protocol import (ArmSpec, Build, Cold, Counters, EndWorkload, JitCounts, MemoryPeaks, Warmup,
                                       WorkerSetup, is_replica)
 from e2eprof.workloads.loops import check_workloads

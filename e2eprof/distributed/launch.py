@@ -21,7 +21,7 @@ import time
 from multiprocessing.connection import Client, Listener
 from pathlib import Path
 
-from e2eprof.arm_process import ArmFailed, ArmProcess
+from e2eprof.harness.arm_process import ArmFailed, ArmProcess
 from e2eprof.distributed import ENV_ADDRESS, ENV_AUTHKEY, ENV_BACKEND, ENV_ERRORS, ENV_PARENT_PID
 from e2eprof.distributed.options import LaunchSpec
 from e2eprof.harness.protocol import WorkerSetup

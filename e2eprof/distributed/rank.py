@@ -27,7 +27,7 @@ import torch.distributed as dist
 from e2eprof.distributed import ENV_ADDRESS, ENV_AUTHKEY, ENV_BACKEND, ENV_ERRORS, die_with_parent
 from e2eprof.distributed.merge import merge
 from e2eprof.harness.protocol import WorkerSetup
-from e2eprof.worker import ArmWorker, _save_outputs
+from e2eprof.harness.worker import ArmWorker, _save_outputs
 from e2eprof.workloads.distributed import (DISTRIBUTED_WORKLOADS, is_dtensor, rank_capture_batches, reference_capture,
                                            shard_seed)
 from e2eprof.workloads.models import describe

@@ -14,8 +14,8 @@ import pandas as pd
 import torch
 from safetensors.torch import load_file
 
-from e2eprof.correctness import PRECISION_DTYPE_NAME
-from e2eprof.tensorcheck import error_norms, ratio_of_norms
+from e2eprof.checks.correctness import PRECISION_DTYPE_NAME
+from e2eprof.checks.tensorcheck import error_norms, ratio_of_norms
 
 # A step is one (arm, replica) process's: replicas of an arm are separate processes, not ranks of one step.
 STEP_KEY = ("point", "workload", "arm", "replica", "phase", "block", "step")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from e2eprof import telemetry
+from e2eprof.trackers import telemetry
 
 
 class RankSamplers:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from e2eprof import interrupt
-from e2eprof.arm_process import ArmFailed, ArmProcess
+from e2eprof.harness.arm_process import ArmFailed, ArmProcess
 from e2eprof.harness.state import RunState
 from e2eprof.harness.protocol import Command, ReleaseCachedMemory, arm_of, is_replica
 from e2eprof.sweep import is_oom, oom_row

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from e2eprof.isolation import Placement
+from e2eprof.harness.isolation import Placement
 
 # How a replica's process is keyed in the parent: "<arm>#<replica>" (the arm's first process is keyed "<arm>").
 REPLICA_MARK = "#"
@@ -62,7 +62,7 @@ class WorkerSetup:
     seq: int
     new_tokens: int
     scratch_dir: str
-    placement: Placement = Placement()  # its cores, threads and gc policy (e2eprof.isolation)
+    placement: Placement = Placement()  # its cores, threads and gc policy (e2eprof.harness.isolation)
 
 
 def scratch_path(scratch_dir: str, arm: str, workload: str, kind: str) -> str:

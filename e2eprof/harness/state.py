@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from e2eprof import explain, reports, telemetry
+from e2eprof import reports
+from e2eprof.analysis import explain
+from e2eprof.trackers import telemetry
 from e2eprof import resume as resume_run
-from e2eprof.arm_process import ArmFailed
+from e2eprof.harness.arm_process import ArmFailed
 from e2eprof.distributed import ranks as dp
 from e2eprof.distributed.telemetry import RankSamplers, per_rank
 from e2eprof.sweep import SweepPoint, by_point, is_oom, stamp

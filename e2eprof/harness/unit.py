@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2eprof.arm_process import ArmProcess
+from e2eprof.harness.arm_process import ArmProcess
 from e2eprof.config import CompareConfig
 from e2eprof.harness import pool
 from e2eprof.harness.state import Events, RunState

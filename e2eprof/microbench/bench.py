@@ -38,7 +38,7 @@ from e2eprof.microbench.plausibility import judge_bandwidth
 from e2eprof.microbench.timing import Samples, Timer, copy_rates
 from e2eprof.patch import Patch
 from e2eprof.patching import CallRecorder
-from e2eprof.tensorcheck import compare_to_reference
+from e2eprof.checks.tensorcheck import compare_to_reference
 
 IMPLS = ("replacement", "eager", "compile")
 MIN_TRIALS = 30

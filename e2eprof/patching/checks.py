@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from e2eprof.tensorcheck import Agreement, compare_to_reference, same_special_values
+from e2eprof.checks.tensorcheck import Agreement, compare_to_reference, same_special_values
 
 
 def tensor_items(value) -> list | None:

@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from e2eprof import stress
+from e2eprof.checks import stress
 from e2eprof.patch import Patch
 from e2eprof.patching.checks import (UNUSABLE, fresh_contents, holds_values, identical, layout_findings, map_tensors,
                                      other_device_agreement, tensor_inputs, tensor_items, to_float64, unwritten_is_nan,
                                      writable)
 from e2eprof.patching.signatures import format_signature, signature_key
-from e2eprof.tensorcheck import Agreement, compare_to_reference
-from e2eprof.unseen_shapes import neighbours
+from e2eprof.checks.tensorcheck import Agreement, compare_to_reference
+from e2eprof.checks.unseen_shapes import neighbours
 
 
 @dataclass
@@ -45,7 +45,7 @@ class OpCheck:
     problems: list[str] = field(default_factory=list)
     findings: dict[str, list] = field(default_factory=dict)
     unseen_shapes: int = 0  # neighbouring shapes checked (the stock op took them), wrong or not
-    stress_points: int = 0  # stress points checked (e2eprof.stress), forward and backward each counted once
+    stress_points: int = 0  # stress points checked (e2eprof.checks.stress), forward and backward each counted once
     stress_kinds: list[str] = field(default_factory=list)
     stress_s: float = 0.0  # seconds the stress points took: what the check adds to the gate
 
@@ -213,7 +213,7 @@ class CallRecorder:
         return module is None or not any(True for _ in module.parameters())
 
     def _check_unseen_shapes(self, check: OpCheck, args: tuple, kwargs: dict) -> None:
-        """The same call on neighbouring shapes the model never used (e2eprof.unseen_shapes), each judged against
+        """The same call on neighbouring shapes the model never used (e2eprof.checks.unseen_shapes), each judged against
         the stock op and the fp64 reference like the model's own call. A kernel right only on the benchmark's
         shapes fails here; a neighbour the stock op rejects is not owed an answer and is skipped."""
         for shape, new_args, new_kwargs, fresh in neighbours(args, kwargs, self.skip, self._row_length_free(args)):
@@ -237,7 +237,7 @@ class CallRecorder:
                 check.add_finding("unseen_shape", f"{where}: {'; '.join(problems)}"[:300])
 
     def _check_stress(self, check: OpCheck, args: tuple, kwargs: dict) -> None:
-        """The same call on its own inputs moved across the range the op can meet (e2eprof.stress), forward and
+        """The same call on its own inputs moved across the range the op can meet (e2eprof.checks.stress), forward and
         backward, each judged against the stock op and fp64; held to the stock op where the stock op overflows."""
         started = time.perf_counter()
         self._check_points(check, stress.points(args, kwargs, self.skip, self.patch.domain,

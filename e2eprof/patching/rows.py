@@ -17,8 +17,8 @@ CALL_CHECK_METRICS = {
     "nondeterministic": "a second call on copies of the inputs (new address, same contents) not bit-identical",
     "stale_output": "the same tensors refilled with new contents give an output that does not follow them (caching)",
     "threads_leaked": "Python threads started by the call still running when it returns (work off the clock)",
-    "unseen_shape": "wrong results, or a raise, on neighbouring shapes the model did not use (e2eprof.unseen_shapes)",
-    "stress": "wrong results, forward or backward, on inputs across the range the op can meet (e2eprof.stress)",
+    "unseen_shape": "wrong results, or a raise, on neighbouring shapes the model did not use (e2eprof.checks.unseen_shapes)",
+    "stress": "wrong results, forward or backward, on inputs across the range the op can meet (e2eprof.checks.stress)",
 }
 
 

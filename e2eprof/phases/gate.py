@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from e2eprof.arm_process import ArmFailed
-from e2eprof.correctness import compare_captures, op_check_rows
+from e2eprof.harness.arm_process import ArmFailed
+from e2eprof.checks.correctness import compare_captures, op_check_rows
 from e2eprof.distributed import ranks as dp
 from e2eprof.harness.pool import call, overlapped
 from e2eprof.harness.unit import Unit

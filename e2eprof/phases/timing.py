@@ -7,13 +7,13 @@ import time
 
 import pandas as pd
 
-from e2eprof import stats
+from e2eprof.analysis import stats
 from e2eprof.config import AA_ARM, CompareConfig
 from e2eprof.distributed import ranks as dp
 from e2eprof.harness.pool import call
 from e2eprof.harness.protocol import Block
 from e2eprof.harness.unit import Unit
-from e2eprof.summary import summary_interval
+from e2eprof.analysis.summary import summary_interval
 
 
 def timed_blocks(unit: Unit) -> None:

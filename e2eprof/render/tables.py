@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from e2eprof import verdict as v
+from e2eprof.analysis import verdict as v
 from e2eprof.errors import UsageError
 from e2eprof.sweep import OOM_METRIC, OUT_OF_MEMORY
 
@@ -302,7 +302,7 @@ def sweep_speedups(run: RunTables) -> pd.DataFrame | None:
 
 MEMORY_VALUES = (("peak_alloc_mb", "device alloc MB"), ("peak_reserved_mb", "device reserved MB"),
                  ("host_peak_rss_mb", "host peak RSS MB"))
-MEMORY_PHASE = "timing"  # the phase summary.parquet's memory columns come from (e2eprof.summary.MEMORY_PHASE)
+MEMORY_PHASE = "timing"  # the phase summary.parquet's memory columns come from (e2eprof.analysis.summary.MEMORY_PHASE)
 
 
 def _memory_peaks(run: RunTables) -> pd.DataFrame | None:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from transformers.models.gpt2 import modeling_gpt2
 
 from e2eprof.kernels.fusedsoftmax.op import IMPL_CALLS, fusedsoftmax, reference_fusedsoftmax
-from e2eprof import stress
+from e2eprof.checks import stress
 from e2eprof.patch import DEFAULT_TOLERANCES, Patch
 
 # Captured at import, before any patch is installed: the genuine stock function.

@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from e2eprof.correctness import compare_captures
+from e2eprof.checks.correctness import compare_captures
 from e2eprof.kernels.fastsoftmax.patch import PATCH
 
 

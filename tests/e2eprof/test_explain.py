@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from e2eprof.config import CompareConfig
-from e2eprof.explain import amdahl, amdahl_bound, explain, op_diff
+from e2eprof.analysis.explain import amdahl, amdahl_bound, explain, op_diff
 from e2eprof.runner import _flag_implausible
-from e2eprof.verdict import FAIL, FASTER, IMPLAUSIBLE_GAIN, INCONCLUSIVE, PASS, Verdict
+from e2eprof.analysis.verdict import FAIL, FASTER, IMPLAUSIBLE_GAIN, INCONCLUSIVE, PASS, Verdict
 
 
 def _ops_frame(rows):

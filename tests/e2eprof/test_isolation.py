@@ -9,10 +9,10 @@ import os
 import pytest
 import torch
 
-from e2eprof.arm_process import ArmProcess
+from e2eprof.harness.arm_process import ArmProcess
 from e2eprof.config import CompareConfig
 from e2eprof.errors import UsageError
-from e2eprof.isolation import PARTS, Placement, environment, gc_off_the_clock, parse, plan
+from e2eprof.harness.isolation import PARTS, Placement, environment, gc_off_the_clock, parse, plan
 from e2eprof.harness.protocol import ArmSpec, Build, Warmup, WorkerSetup
 
 

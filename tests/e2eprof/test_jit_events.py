@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from e2eprof import jit_events
+from e2eprof.trackers import jit_events
 from e2eprof.config import CompareConfig
-from e2eprof.summary import summarize
+from e2eprof.analysis.summary import summarize
 from tests.e2eprof.test_summary import clean_checks, steps_for
 
 

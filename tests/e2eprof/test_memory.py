@@ -1,7 +1,7 @@
 """Memory as a result: per-phase peaks in a worker, the summary's memory columns, and --find-max-batch on CPU.
 
 On CPU the device columns are NaN and host RSS is real. Running out of memory is provoked through the worker's test
-hook E2EPROF_TEST_MAX_TOKENS (e2eprof/memory.py), per arm here, so the search must find each arm's own limit.
+hook E2EPROF_TEST_MAX_TOKENS (e2eprof/trackers/memory.py), per arm here, so the search must find each arm's own limit.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
-from e2eprof.memory import TEST_LIMIT_ENV, MemoryTracker, check_test_limit, hook_token_limit
+from e2eprof.trackers.memory import TEST_LIMIT_ENV, MemoryTracker, check_test_limit, hook_token_limit
 
 TIMEOUT_S = 600
 
@@ -103,7 +103,7 @@ def test_find_max_batch_finds_each_arms_limit(tmp_path):
 
 def _worker(tmp_path, device: str = "cpu", model: str = "gpt2-tiny", batch: int = 1, seq: int = 16):
     from e2eprof.harness.protocol import ArmSpec, WorkerSetup
-    from e2eprof.worker import ArmWorker
+    from e2eprof.harness.worker import ArmWorker
 
     worker = ArmWorker(WorkerSetup(arm=ArmSpec("baseline", "sdpa", False), model=model, patch_spec="fastsoftmax",
                                    device=device, precision="fp32" if device == "cpu" else "bf16", seed=0,

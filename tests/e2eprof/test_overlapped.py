@@ -4,7 +4,7 @@ in-process stand-ins so that "out of memory only while another arm works" can be
 
 from types import SimpleNamespace
 
-from e2eprof.arm_process import ArmFailed
+from e2eprof.harness.arm_process import ArmFailed
 from e2eprof.harness.pool import overlapped
 from e2eprof.harness.protocol import Build, Capture
 from e2eprof.sweep import OOM_METRIC
@@ -134,7 +134,7 @@ def test_the_real_worker_answers_the_release_command(tmp_path):
     # On the CPU there is no allocator cache to return; the command must still be one the worker knows and leave
     # the arm able to step (on CUDA: tests/gpu/test_out_of_memory_cuda.py).
     from e2eprof.harness.protocol import ArmSpec, WorkerSetup
-    from e2eprof.worker import ArmWorker
+    from e2eprof.harness.worker import ArmWorker
 
     arm = ArmWorker(WorkerSetup(arm=ArmSpec("baseline", "sdpa", False), model="gpt2-tiny", patch_spec="fastsoftmax",
                                 device="cpu", precision="fp32", seed=0, batch=1, seq=16, new_tokens=4,

@@ -4,7 +4,7 @@ import pytest
 
 from e2eprof.config import CompareConfig
 from e2eprof.errors import UsageError
-from e2eprof.policy import POLICY_KEYS, load_policy
+from e2eprof.analysis.policy import POLICY_KEYS, load_policy
 
 
 def write(tmp_path, text):

@@ -7,12 +7,12 @@ import sys
 import numpy as np
 import pytest
 
-from e2eprof import stats
+from e2eprof.analysis import stats
 from e2eprof.config import AA_ARM, DeviceDefaults, CompareConfig
 from e2eprof.errors import UsageError
 from e2eprof.phases.timing import stop_reason
-from e2eprof.summary import summarize
-from e2eprof.verdict import FAIL, INCONCLUSIVE, PASS
+from e2eprof.analysis.summary import summarize
+from e2eprof.analysis.verdict import FAIL, INCONCLUSIVE, PASS
 
 from tests.e2eprof.test_adaptive import State, steps as adaptive_steps
 from tests.e2eprof.test_summary import clean_checks, steps_for

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from e2eprof.patch import Patch
 from e2eprof.patching import apply_patch
-from e2eprof.profiling import (
+from e2eprof.trackers.profiling import (
     MODULE_PREFIX,
     OUTSIDE,
     REPLACED_PREFIX,
@@ -157,7 +157,7 @@ def test_summarize_a_cuda_shaped_trace_links_backward_across_threads():
     """A hand-built kineto-shaped trace: forward on thread 1, backward on the autograd device thread 2."""
     from torch.autograd.profiler_util import EventList
 
-    from e2eprof.profiling import summarize_events
+    from e2eprof.trackers.profiling import summarize_events
 
     events = [
         _event("ProfilerStep#4", 1, 0, 1000),

@@ -10,15 +10,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from e2eprof import stats
-from e2eprof.arm_process import ArmFailed
+from e2eprof.analysis import stats
+from e2eprof.harness.arm_process import ArmFailed
 from e2eprof.config import AA_ARM, CompareConfig, DeviceDefaults
 from e2eprof.errors import UsageError
 from e2eprof.harness.pool import call, process_failed
 from e2eprof.phases.timing import stop_reason
 from e2eprof.runner import _arms, _with_replicas
-from e2eprof.summary import summarize
-from e2eprof.verdict import FAIL
+from e2eprof.analysis.summary import summarize
+from e2eprof.analysis.verdict import FAIL
 from e2eprof.harness.protocol import Block, arm_of
 
 from tests.e2eprof.test_adaptive import State
@@ -246,7 +246,7 @@ def test_disagreeing_replicas_get_no_speed_verdict_and_a_reason():
 
 
 def test_a_correctness_failure_stands_whatever_the_timing():
-    from e2eprof.verdict import Verdict, withhold_speed
+    from e2eprof.analysis.verdict import Verdict, withhold_speed
 
     assert withhold_speed(Verdict("FAIL", ["INCORRECT", "SLOWER"]), "REPLICAS_DISAGREE", "x").verdict == "FAIL"
     assert withhold_speed(Verdict("FAIL", ["SLOWER", "THROTTLED"]), "REPLICAS_DISAGREE", "x").reasons == [

@@ -21,11 +21,11 @@ import torch
 from safetensors.torch import load_file
 
 from e2eprof.cli import main
-from e2eprof.correctness import op_check_rows
+from e2eprof.checks.correctness import op_check_rows
 from e2eprof.patching import CALL_CHECK_METRICS, call_check_rows
 from e2eprof.phases.proof import kernel_ran_rows, thread_rows
 from e2eprof.harness.protocol import ArmSpec, WorkerSetup
-from e2eprof.worker import ArmWorker
+from e2eprof.harness.worker import ArmWorker
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ GALLERY = [
     Rogue("nondeterministic.py", "nondeterministic", True),
     Rogue("background_thread.py", "threads_leaked", True),
     Rogue("seen_shapes_only.py", "unseen_shape", True),
-    # Numerics a random-init model never reaches (e2eprof.stress): one rogue per classic bug, each right on every
+    # Numerics a random-init model never reaches (e2eprof.checks.stress): one rogue per classic bug, each right on every
     # call the model makes.
     Rogue("softmax_without_max.py", "stress", True),
     Rogue("masked_rows_zeroed.py", "stress", True),

@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from e2eprof import reports, rundiff, stats
+from e2eprof import reports, rundiff
+from e2eprof.analysis import stats
 from e2eprof.config import DeviceDefaults
 from e2eprof.errors import UsageError
 from e2eprof.rundiff import (

@@ -1,4 +1,4 @@
-"""Known-answer and simulation tests for e2eprof.stats.
+"""Known-answer and simulation tests for e2eprof.analysis.stats.
 
 Simulations are seeded so every run sees the same numbers; the tolerances are wide enough that a correct
 implementation passes for any seed, and narrow enough that a falsely narrow (or falsely wide) interval fails.
@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from e2eprof import stats
-from e2eprof.stats import (
+from e2eprof.analysis import stats
+from e2eprof.analysis.stats import (
     MIN_PAIRED_BLOCKS,
     RatioCI,
     benjamini_hochberg,

@@ -1,4 +1,4 @@
-"""The gate's stress points (e2eprof.stress): inputs across the range an op can meet, judged like the model's calls."""
+"""The gate's stress points (e2eprof.checks.stress): inputs across the range an op can meet, judged like the model's calls."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from e2eprof import stress
+from e2eprof.checks import stress
 from e2eprof.patch import Patch
 
 

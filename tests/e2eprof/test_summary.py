@@ -6,10 +6,10 @@ import zlib
 import numpy as np
 import pytest
 
-from e2eprof import stats
+from e2eprof.analysis import stats
 from e2eprof.config import AA_ARM, CompareConfig
-from e2eprof.summary import summarize
-from e2eprof.verdict import FAIL, INCONCLUSIVE, PASS
+from e2eprof.analysis.summary import summarize
+from e2eprof.analysis.verdict import FAIL, INCONCLUSIVE, PASS
 
 def steps_for(workload, arm, median_ms, *, blocks=12, per_block=4, noise=0.01, seed=0):
     rng = np.random.default_rng(zlib.crc32(f"{workload}/{arm}/{seed}".encode()))  # str hash() varies per process

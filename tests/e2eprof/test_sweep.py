@@ -1,7 +1,7 @@
 """Shape/dtype sweeps: the grid, list options, the max-batch search, and one real 2x2 sweep with an out-of-memory point.
 
 The end-to-end run is the real CLI on gpt2-tiny on CPU. Out of memory is provoked honestly through the worker's test
-hook E2EPROF_TEST_MAX_TOKENS (see e2eprof/memory.py): the worker raises MemoryError where an allocation would fail.
+hook E2EPROF_TEST_MAX_TOKENS (see e2eprof/trackers/memory.py): the worker raises MemoryError where an allocation would fail.
 """
 
 from __future__ import annotations

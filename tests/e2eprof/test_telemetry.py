@@ -1,4 +1,4 @@
-"""e2eprof.telemetry without a GPU: the sampler on fake sources, NvmlSource on a faked pynvml, and the joins on
+"""e2eprof.trackers.telemetry without a GPU: the sampler on fake sources, NvmlSource on a faked pynvml, and the joins on
 hand-made steps and samples with known answers."""
 
 import math
@@ -11,7 +11,7 @@ import pandas as pd
 import pynvml
 import pytest
 
-from e2eprof.telemetry import (
+from e2eprof.trackers.telemetry import (
     TELEMETRY_COLUMNS,
     THROTTLE_MASK,
     FieldSource,

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from e2eprof.tensorcheck import compare_to_reference, relative_error, same_special_values
+from e2eprof.checks.tensorcheck import compare_to_reference, relative_error, same_special_values
 
 INF, NAN = math.inf, math.nan
 

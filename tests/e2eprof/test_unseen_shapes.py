@@ -1,10 +1,10 @@
-"""The neighbouring shapes of the unseen-shape check (e2eprof.unseen_shapes); the check itself is exercised on the
+"""The neighbouring shapes of the unseen-shape check (e2eprof.checks.unseen_shapes); the check itself is exercised on the
 rogue that is right only on power-of-two rows (tests/e2eprof/test_rogues.py, seen_shapes_only.py)."""
 
 import pytest
 import torch
 
-from e2eprof.unseen_shapes import neighbour_shapes, neighbours, resized_arguments
+from e2eprof.checks.unseen_shapes import neighbour_shapes, neighbours, resized_arguments
 
 
 def test_neighbours_keep_the_rank_batch_and_heads_and_change_rows_and_row_length():

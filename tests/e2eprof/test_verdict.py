@@ -2,8 +2,8 @@
 
 import pytest
 
-from e2eprof import verdict as v
-from e2eprof.verdict import EXIT_CODES, FAIL, INCONCLUSIVE, MIN_SAMPLES, PASS, decide, worst
+from e2eprof.analysis import verdict as v
+from e2eprof.analysis.verdict import EXIT_CODES, FAIL, INCONCLUSIVE, MIN_SAMPLES, PASS, decide, worst
 
 # A clean, correct, well-sampled run that is 5% faster with a tight interval: PASS. Each case changes one thing.
 GOOD = dict(correct=True, kernel_ran=True, baseline_clean=True, arm_failed=False, n_baseline=20, n_patched=20,

@@ -12,9 +12,9 @@ import pytest
 
 from types import SimpleNamespace
 
-from e2eprof.isolation import Placement
-from e2eprof.stats import warm_windows_agree, warmup_noise_bound
-from e2eprof.worker import ArmWorker
+from e2eprof.harness.isolation import Placement
+from e2eprof.analysis.stats import warm_windows_agree, warmup_noise_bound
+from e2eprof.harness.worker import ArmWorker
 
 TRAIN_BASELINE = [92.2, 93.1, 92.8, 92.7, 92.8, 94.0, 92.9, 93.2, 93.8, 93.1]
 INFER_COMPILE = [7.4, 7.0, 6.9, 6.8, 6.8, 6.7, 6.7, 6.7, 6.7, 6.7, 6.7, 7.0, 6.7, 6.7, 6.7]

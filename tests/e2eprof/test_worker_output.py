@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from e2eprof.worker_output import LineFilter
+from e2eprof.harness.worker_output import LineFilter
 
 KINETO = [
     "USDT:2026-12-03 20:11:57 3619:3619 SyncActivityProfilerHandler.cpp:52] profiler_start",
@@ -49,7 +49,7 @@ def test_worker_processes_stderr_goes_through_the_filter(tmp_path):
     script = tmp_path / "spawn.py"
     script.write_text(textwrap.dedent('''
         import multiprocessing as mp, os, sys
-        from e2eprof import worker_output
+        from e2eprof.harness import worker_output
 
         def child(index):
             os.write(2, b"USDT:2026-12-03 20:11:57 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\\n")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from e2eprof import jit_events
+from e2eprof.trackers import jit_events
 from e2eprof.patching import apply_patch
 from e2eprof.registry import load_patch
 from e2eprof.workloads.batches import synthetic_token_batches

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from e2eprof.harness.protocol import ArmSpec, WorkerSetup
-from e2eprof.worker import ArmWorker
+from e2eprof.harness.worker import ArmWorker
 
 pytestmark = [
     pytest.mark.gpu,

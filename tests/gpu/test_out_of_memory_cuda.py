@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from e2eprof.harness.protocol import ArmSpec, WorkerSetup
-from e2eprof.worker import ArmWorker
+from e2eprof.harness.worker import ArmWorker
 
 pytestmark = [
     pytest.mark.gpu,

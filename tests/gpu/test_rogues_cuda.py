@@ -15,10 +15,10 @@ import torch
 from safetensors.torch import load_file
 
 from e2eprof.cli import main
-from e2eprof.correctness import op_check_rows
+from e2eprof.checks.correctness import op_check_rows
 from e2eprof.patching import call_check_rows
 from e2eprof.harness.protocol import ArmSpec, WorkerSetup
-from e2eprof.worker import ArmWorker
+from e2eprof.harness.worker import ArmWorker
 
 pytestmark = [
     pytest.mark.gpu,

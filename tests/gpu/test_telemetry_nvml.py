@@ -1,11 +1,11 @@
-"""e2eprof.telemetry against real NVML: the torch device maps to its NVML handle, and readings move under load."""
+"""e2eprof.trackers.telemetry against real NVML: the torch device maps to its NVML handle, and readings move under load."""
 
 import time
 
 import pytest
 import torch
 
-from e2eprof.telemetry import NvmlSource, _normalise_uuid, block_energy, join_steps, open_sampler
+from e2eprof.trackers.telemetry import NvmlSource, _normalise_uuid, block_energy, join_steps, open_sampler
 
 pytestmark = [
     pytest.mark.gpu,

@@ -4,10 +4,10 @@ and the gate's capture on it checks the patched calls and puts the pristine weig
 import pytest
 import torch
 
-from e2eprof.correctness import op_check_rows
+from e2eprof.checks.correctness import op_check_rows
 from e2eprof.patching import call_check_rows
 from e2eprof.harness.protocol import ArmSpec, WorkerSetup
-from e2eprof.worker import ArmWorker
+from e2eprof.harness.worker import ArmWorker
 from e2eprof.workloads import trained_like
 from e2eprof.workloads.models import build_model, resolve_model
 

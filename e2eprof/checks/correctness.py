@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from e2eprof.patch import Patch
-from e2eprof.tensorcheck import error_norms, ratio_of_norms
+from e2eprof.checks.tensorcheck import error_norms, ratio_of_norms
 
 PRECISION_DTYPE_NAME = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp64": "float64"}
 TOKEN_AGREEMENT_SLACK = 0.10  # random-weight models have near-tied logits: a flip or two is not a bug

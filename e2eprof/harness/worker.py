@@ -18,14 +18,14 @@ import traceback
 
 import torch
 
-from e2eprof import jit_events
+from e2eprof.trackers import jit_events
 from e2eprof.config import DECODING_WORKLOADS
 from e2eprof.harness.protocol import WorkerSetup
-from e2eprof.isolation import apply_in_worker, freeze_survivors, gc_off_the_clock
-from e2eprof.memory import MemoryTracker, check_test_limit, release
+from e2eprof.harness.isolation import apply_in_worker, freeze_survivors, gc_off_the_clock
+from e2eprof.trackers.memory import MemoryTracker, check_test_limit, release
 from e2eprof.patching import AppliedPatch, apply_patch
 from e2eprof.registry import load_patch
-from e2eprof.stats import warm_windows_agree
+from e2eprof.analysis.stats import warm_windows_agree
 from e2eprof.workloads import trained_like
 from e2eprof.workloads.batches import digest, synthetic_token_batches
 from e2eprof.workloads.loops import IGNORE_INDEX, make_workload
@@ -337,7 +337,7 @@ class ArmWorker:
         The replaced function's calls are wrapped in an `e2eprof.replaced::<patch>` range in every arm (stock
         arms through a pass-through recorder), so its share of the step is measured the same way everywhere.
         """
-        from e2eprof.profiling import check_complete, profile_workload
+        from e2eprof.trackers.profiling import check_complete, profile_workload
 
         instance = self._workload(workload)
         passthrough = None
@@ -386,7 +386,7 @@ class ArmWorker:
         }
 
     def jit_counts(self) -> list[dict]:
-        """Just-in-time work per (workload, phase) so far in this process (e2eprof.jit_events)."""
+        """Just-in-time work per (workload, phase) so far in this process (e2eprof.trackers.jit_events)."""
         return [{"workload": w, "phase": p, **counts, "arm": self.setup.arm.name, "replica": self.setup.arm.replica,
                  "rank": self.rank} for (w, p), counts in self.jit.items()]
 
@@ -451,7 +451,7 @@ def worker_main(conn, setup: WorkerSetup) -> None:
 
 
 def _placement_seen() -> dict:
-    """Where this process really runs (e2eprof.isolation asked for it; the OS and torch say what took effect)."""
+    """Where this process really runs (e2eprof.harness.isolation asked for it; the OS and torch say what took effect)."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {"cores": cores, "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
 

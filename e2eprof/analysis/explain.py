@@ -1,6 +1,6 @@
 """Why the end-to-end gain is what it is: op-level differences between arms and an Amdahl explanation.
 
-Runs in the parent on the profiling tables (ProfileResult dicts, see e2eprof.profiling). With f the baseline share
+Runs in the parent on the profiling tables (ProfileResult dicts, see e2eprof.trackers.profiling). With f the baseline share
 of step time spent in the replaced region and s the region's speedup (both from the profiles), Amdahl predicts the
 step speedup 1 / (1 - f + f / s). `explain` puts that next to the measured speedup and names the cause of any gap.
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from e2eprof.profiling import REPLACED_PREFIX
+from e2eprof.trackers.profiling import REPLACED_PREFIX
 
 KEYS = ["workload", "module", "op", "direction"]
 

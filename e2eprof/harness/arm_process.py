@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
-from e2eprof import isolation, worker_output
+from e2eprof.harness import isolation
+from e2eprof.harness import worker_output
 from e2eprof.harness.protocol import Command, WorkerSetup
 
 
 def _run_worker(conn, setup: WorkerSetup) -> None:
     """The spawned process's entry point. The worker's code, and torch with it, is imported there: never in the
     parent, which only speaks the protocol (e2eprof.harness.protocol)."""
-    from e2eprof.worker import worker_main
+    from e2eprof.harness.worker import worker_main
 
     worker_main(conn, setup)
 

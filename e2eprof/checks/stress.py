@@ -67,7 +67,7 @@ def points(args: tuple, kwargs: dict, skip: int, domain: str | Callable, seed: i
 def _long_low_precision_rows(args: tuple, kwargs: dict, skip: int, x: torch.Tensor, generator: torch.Generator):
     """The call on a few rows of LONG_ROW nearly equal values in bfloat16: a sum kept in the input dtype shows there
     (a model run in fp32, as on a CPU, never feeds the op bf16; under CUDA autocast the op may well see it)."""
-    from e2eprof.unseen_shapes import resized_arguments
+    from e2eprof.checks.unseen_shapes import resized_arguments
 
     shape = (*x.shape[:-2], 3, LONG_ROW)
     resized = resized_arguments(args, kwargs, skip, tuple(x.shape), shape, generator)
@@ -236,7 +236,7 @@ def judge(out, stock, reference, *, floor: float, factor: float):
     stock output is not finite but the reference is (the stock op overflowed), the kernel is held to the stock op,
     not to fp64: it must be finite and as accurate wherever the stock op is, and may break where the stock op breaks
     (how exactly an overflow shows, NaN or inf, is the implementation's)."""
-    from e2eprof.tensorcheck import Agreement, compare_to_reference
+    from e2eprof.checks.tensorcheck import Agreement, compare_to_reference
 
     if isinstance(stock, (tuple, list)):
         outs = list(out) if isinstance(out, (tuple, list)) else [out]

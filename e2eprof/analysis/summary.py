@@ -14,12 +14,12 @@ import math
 import numpy as np
 import pandas as pd
 
-from e2eprof import stats
+from e2eprof.analysis import stats
 from e2eprof.config import AA_ARM, DECODING_WORKLOADS, CompareConfig
 from e2eprof.distributed.ranks import slowest_rank
 from e2eprof.sweep import OOM_METRIC, OUT_OF_MEMORY, SweepPoint
-from e2eprof.jit_events import COUNTS as COUNTED_JIT
-from e2eprof.verdict import (ARM_FAILED, INCONCLUSIVE, JIT_DURING_TIMING, NOT_CAPTURABLE, REPLICAS_DISAGREE, Verdict,
+from e2eprof.trackers.jit_events import COUNTS as COUNTED_JIT
+from e2eprof.analysis.verdict import (ARM_FAILED, INCONCLUSIVE, JIT_DURING_TIMING, NOT_CAPTURABLE, REPLICAS_DISAGREE, Verdict,
                              decide, decide_aa, withhold_speed)
 
 KERNEL_PROOF_METRICS = ("patched_calls", "custom_kernel_calls", "profile_complete")
