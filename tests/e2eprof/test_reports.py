@@ -33,8 +33,7 @@ def test_required_columns_are_filled(tmp_path, name):
     write_table(tmp_path, name, [{"run_id": "r1", "extra_column": 7}])
     frame = read_table(tmp_path, name)
     required = list(TABLE_COLUMNS[name])
-    extras = [c for c in ("run_id", "extra_column") if c not in required]  # diff.parquet names two runs: no run_id
-    assert list(frame.columns) == required + extras  # required first, in order; extras kept after
+    assert list(frame.columns) == required + ["extra_column"]  # required first, in order; extras kept after
     assert frame.loc[0, "run_id"] == "r1" and frame.loc[0, "extra_column"] == 7
     assert frame.drop(columns=["run_id", "extra_column"]).isna().all().all()
 
