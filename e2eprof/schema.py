@@ -150,6 +150,7 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         _opt("sites_json", "str", "where the patch replaced code and how often, JSON"),
         _opt("ranks_json", "str", "data-parallel ranks and their devices, JSON"),
         _opt("resume_json", "str", "finished units and their timing/profile state, for --resume, JSON"),
+        _opt("resumes_json", "str", "each --resume of this run: when, from which status, units kept, JSON"),
         _opt("verdict", "str", "the run's verdict: the worst over (point, workload)"),
     )),
     Table("steps", "one row per timed (or warm-up) step of a worker: the raw observations", (
