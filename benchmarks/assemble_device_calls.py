@@ -29,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from e2eprof.config import DeviceDefaults
+from e2eprof.rundir import RunDir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import self_benchmark as sb  # noqa: E402
@@ -76,7 +77,7 @@ def next_index(table: pd.DataFrame, runs: Path, prefix: str) -> int:
 
 def rebuilt_planted_row(run_dir: Path, name: str, logs: dict, template: pd.Series) -> dict:
     """A planted run's row from its folder: what part_sensitivity would have written."""
-    run = pd.read_parquet(run_dir / "run.parquet").iloc[0]
+    run = RunDir(run_dir).read("run").iloc[0]
     env = json.loads(run.environment_json)
     delay = float(env["env_vars"]["E2EPROF_PLANTED_DELAY_US"])
     level = float(name.split("-")[1].removesuffix("pct")) / 100
