@@ -1,4 +1,4 @@
-"""Parquet report tables: fixed names, a schema version, atomic writes.
+"""Parquet report tables: fixed names, declared schemas (e2eprof.schema), a schema version, atomic writes.
 
 Every table is written to a temporary name in the same directory and renamed into place, so a reader (or a
 run killed mid-write) never sees a half-written Parquet file. Tables are rewritten whole as a run goes, which
@@ -18,7 +18,8 @@ from e2eprof import schema
 
 SCHEMA_VERSION = 1
 
-# Set to 1 (tests do) to make write_table raise on a table that does not match its declared schema.
+# Set to 1 to make write_table raise on a table that does not match its declared schema (tests/e2eprof/test_schema.py
+# runs a real compare with it; test_compare_e2e can run under it too).
 STRICT_ENV = "E2EPROF_STRICT_TABLES"
 
 # Required columns of the tables every profiled compare run writes (tests read each of them from a CPU run);
@@ -42,7 +43,7 @@ def conform(frame: pd.DataFrame, name: str, strict: bool | None = None) -> pd.Da
             raise schema.SchemaError(f"table {name!r} has no declared schema in e2eprof.schema")
         return frame
     if strict:
-        found = [p for p in schema.problems(frame, name) if "is missing" not in p]  # missing ones are added below
+        found = schema.problems(frame, name, missing=False)  # missing required columns are added below
         if found:
             raise schema.SchemaError("; ".join(found))
     for column in declared.columns:

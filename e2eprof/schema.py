@@ -495,12 +495,12 @@ def null_series(dtype: str, index) -> pd.Series:
     return pd.Series(None, index=index, dtype=object)
 
 
-def problems(frame: pd.DataFrame, name: str) -> list[str]:
-    """Every way `frame` differs from table `name`'s schema: a missing required column, an undeclared column, a
-    column whose values do not match its dtype. Empty when it conforms."""
+def problems(frame: pd.DataFrame, name: str, missing: bool = True) -> list[str]:
+    """Every way `frame` differs from table `name`'s schema: a missing required column (unless missing=False), an
+    undeclared column, a column whose values do not match its dtype. Empty when it conforms."""
     schema = table(name)
     declared = set(schema.names)
-    found = [f"{name}: required column {c!r} is missing" for c in schema.required if c not in frame.columns]
+    found = [f"{name}: required column {c!r} is missing" for c in schema.required if missing and c not in frame.columns]
     found += [f"{name}: column {c!r} is not declared in e2eprof.schema" for c in frame.columns if c not in declared]
     found += [f"{name}: column {c.name!r} does not hold {c.dtype} (pandas dtype {frame[c.name].dtype})"
               for c in schema.columns if c.name in frame.columns and not matches(frame[c.name], c.dtype)]

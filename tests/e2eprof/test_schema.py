@@ -138,3 +138,9 @@ def test_rundir_types_untyped_nulls_of_an_older_file(tmp_path):
 ])
 def test_matches(values, dtype, ok):
     assert schema.matches(pd.Series(values), dtype) is ok
+
+
+def test_problems_names_a_missing_required_column():
+    frame = pd.DataFrame([{k: v for k, v in STEP.items() if k != "wall_ns"}])
+    assert schema.problems(frame, "steps") == ["steps: required column 'wall_ns' is missing"]
+    assert schema.problems(frame, "steps", missing=False) == []
