@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from e2eprof.rundir import RunDir
+
 
 def one_run(out: Path, model: str, workload: str, isolate: str, replicas: int, budget: float, extra: list[str]) -> dict:
     name = f"{model}-{workload}-isolate-{isolate.replace(',', '+')}"
@@ -39,15 +41,15 @@ def one_run(out: Path, model: str, workload: str, isolate: str, replicas: int, b
     row = {"model": model, "workload": workload, "isolate": isolate, "replicas": replicas, "exit_code": done.returncode,
            "wall_s": time.time() - started}
     try:
-        steps = pd.read_parquet(run_dir / "steps.parquet")
-        summary = pd.read_parquet(run_dir / "summary.parquet")
+        steps = RunDir(run_dir).read("steps")
+        summary = RunDir(run_dir).read("summary")
     except (FileNotFoundError, OSError):
         return row | {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
     warm = steps[(steps.phase == "warm") & (steps.workload == workload)]
     medians = warm.groupby(["arm", "replica"]).wall_ns.median() / 1e6  # ms per (arm, process)
     logs = np.log(medians.to_numpy())
     candidate = summary[summary.verdict.notna()].iloc[0]
-    run = pd.read_parquet(run_dir / "run.parquet").iloc[0]
+    run = RunDir(run_dir).read("run").iloc[0]
     return row | {
         "processes": int(len(medians)),
         "median_ms": float(np.median(medians)),

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from e2eprof.rundir import RunDir
+
 
 def _x(value: float) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}x"
@@ -33,9 +35,9 @@ _COLUMNS = ("workload", "verdict", "reasons", "speedup_vs_baseline", "ci_low", "
 
 
 def rows(run_dir: Path) -> list[str]:
-    summary = pd.read_parquet(run_dir / "summary.parquet")
+    summary = RunDir(run_dir).read("summary")
     arms = set(summary.arm)
-    run = pd.read_parquet(run_dir / "run.parquet").iloc[0]
+    run = RunDir(run_dir).read("run").iloc[0]
     asked = json.loads(run.config_json).get("reference_arms") or []
     out = []
     for record in summary[summary.arm == "patched"].to_dict("records"):

@@ -36,6 +36,7 @@ import pandas as pd
 from e2eprof.config import DeviceDefaults, resolve_device
 from e2eprof.env import capture_environment
 from e2eprof.errors import E2EProfError, UsageError
+from e2eprof.rundir import RunDir
 
 PARTS = ("aa", "sensitivity", "overhead", "cost", "agreement")
 DEFAULT_LEVELS = (0.005, 0.01, 0.02, 0.05)
@@ -160,7 +161,7 @@ def _in_process(args: list[str], log, env: dict) -> int:
 
 def signed_row(run_dir: Path) -> pd.Series:
     """The summary row that carries the verdict: the patched arm, or the second baseline of an A/A run."""
-    summary = pd.read_parquet(run_dir / "summary.parquet")
+    summary = RunDir(run_dir).read("summary")
     return summary[summary.verdict.notna()].iloc[0]
 
 
@@ -175,7 +176,7 @@ def verdict_columns(row: pd.Series) -> dict:
 
 
 def baseline_median_ms(run_dir: Path, workload: str) -> float:
-    summary = pd.read_parquet(run_dir / "summary.parquet")
+    summary = RunDir(run_dir).read("summary")
     return float(summary[(summary.arm == "baseline") & (summary.workload == workload)].median_ms.iloc[0])
 
 
@@ -331,9 +332,9 @@ def part_cost(s: Settings) -> list[dict]:
                           *budget], run_dir, fresh_process=True)
     if result.error:
         return [{"phase": "compare", "phase_workload": "*", "seconds": result.wall_s} | failed_row(result)]
-    phases = pd.read_parquet(run_dir / "phases.parquet")
+    phases = RunDir(run_dir).read("phases")
     # Each process's first step, summed over workloads: the compile arm's holds its compilations.
-    steps = pd.read_parquet(run_dir / "steps.parquet")
+    steps = RunDir(run_dir).read("steps")
     cold = steps[(steps.phase == "cold") & (steps.replica.fillna(0) == 0 if "replica" in steps else True)]
     cold = cold.assign(seconds=cold.wall_ns / 1e9)
     cold_by_arm = ", ".join(f"{arm} {sec:.1f} s" for arm, sec in cold.groupby("arm", sort=False).seconds.sum().items())
@@ -379,8 +380,8 @@ def isolated_profile_us(call, device: str, calls_per_step: int = 20) -> float:
 def phase_sm_clock(run_dir: Path, workload: str, phase: str) -> float:
     """Median SM clock (MHz) the compare run's NVML sampler saw during one of its phases; NaN without telemetry."""
     try:
-        telemetry = pd.read_parquet(run_dir / "telemetry.parquet")
-        phases = pd.read_parquet(run_dir / "phases.parquet")
+        telemetry = RunDir(run_dir).read("telemetry")
+        phases = RunDir(run_dir).read("phases")
     except (OSError, ValueError):
         return math.nan
     window = phases[(phases.workload == workload) & (phases.phase == phase)]
@@ -418,8 +419,8 @@ def part_agreement(s: Settings) -> list[dict]:
                           "--reference", "none", "--budget", "0", *s.passthrough()], run_dir)
     if result.error:
         return [{"arm": "-", "status": "failed"} | failed_row(result)]
-    ops = pd.read_parquet(run_dir / "ops.parquet")
-    kernels = pd.read_parquet(run_dir / "kernels.parquet")
+    ops = RunDir(run_dir).read("ops")
+    kernels = RunDir(run_dir).read("kernels")
     loop_clock = phase_sm_clock(run_dir, s.workload, "profile")
     d = s.resolved()
     patch = load_patch("fastsoftmax").patch

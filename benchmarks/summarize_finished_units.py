@@ -17,18 +17,19 @@ import pandas as pd
 
 from e2eprof.config import CompareConfig
 from e2eprof.analysis.summary import summarize
+from e2eprof.rundir import RunDir
 
 
 def main(run_dir: Path) -> None:
-    run = pd.read_parquet(run_dir / "run.parquet").iloc[0]
+    run = RunDir(run_dir).read("run").iloc[0]
     record = json.loads(run.config_json)
     fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in record.items()
               if k in CompareConfig.__dataclass_fields__ and k not in ("out", "force")}
     config = CompareConfig(**(fields | {"device": "cpu", "out": None}))
     units = json.loads(run.resume_json) if isinstance(run.get("resume_json"), str) else {}
     timing = {tuple(key.split("/")): unit["timing"] for key, unit in units.items() if unit.get("timing")}
-    steps = pd.read_parquet(run_dir / "steps.parquet").to_dict("records")
-    checks = pd.read_parquet(run_dir / "correctness.parquet").to_dict("records")
+    steps = RunDir(run_dir).read("steps").to_dict("records")
+    checks = RunDir(run_dir).read("correctness").to_dict("records")
     summary, _ = summarize(steps, checks, config, set(), None, timing)
     frame = pd.DataFrame(summary)
     frame.to_parquet(run_dir / "summary-offline.parquet")

@@ -80,12 +80,11 @@ def _interval(ratio, low, high) -> str:
 
 
 def _print_top_changes(console: Console, run_dir, workload: str, top: int = 5) -> None:
-    from pathlib import Path
+    from e2eprof.rundir import RunDir
 
-    path = Path(run_dir) / "opdiff.parquet"
-    if not path.exists():
+    diff = RunDir(run_dir).read_if_present("opdiff")
+    if diff is None:
         return
-    diff = pd.read_parquet(path)
     diff = diff[diff.workload == workload].head(top)
     if not len(diff):
         return

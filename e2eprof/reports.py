@@ -1,4 +1,4 @@
-"""Parquet report tables: fixed names, a schema version, atomic writes.
+"""Parquet report tables: fixed names, declared schemas (e2eprof.schema), a schema version, atomic writes.
 
 Every table is written to a temporary name in the same directory and renamed into place, so a reader (or a
 run killed mid-write) never sees a half-written Parquet file. Tables are rewritten whole as a run goes, which
@@ -14,38 +14,51 @@ from pathlib import Path
 
 import pandas as pd
 
+from e2eprof import schema
+
 SCHEMA_VERSION = 1
 
-# Required columns per table: tests check them, readers (report/diff) rely on them.
+# Set to 1 to make write_table raise on a table that does not match its declared schema (tests/e2eprof/test_schema.py
+# runs a real compare with it; test_compare_e2e can run under it too).
+STRICT_ENV = "E2EPROF_STRICT_TABLES"
+
+# Required columns of the tables every profiled compare run writes (tests read each of them from a CPU run);
+# e2eprof.schema.TABLES declares every table and column, these included.
 TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
-    "run": ("run_id", "schema_version", "status", "command_line", "config_json", "environment_json", "patch_spec",
-            "patch_origin", "patch_source_sha256", "seed", "batch_digest", "started_unix_ns", "ended_unix_ns"),
-    "steps": ("run_id", "workload", "arm", "block", "step", "rank", "phase", "wall_ns", "device_ms", "start_unix_ns",
-              "end_unix_ns", "ttft_ms", "tpot_ms"),
-    "correctness": ("run_id", "workload", "arm", "tensor", "metric", "value", "tolerance", "passed", "detail"),
-    # Per-op and per-kernel rows of the profiles (a CPU run launches no kernels: its table has the columns, no rows).
-    "ops": ("run_id", "point", "workload", "arm", "rank", "module", "op", "input_shapes", "in_replaced", "direction",
-            "count", "self_device_us", "self_cpu_us", "kernels"),
-    "kernels": ("run_id", "point", "workload", "arm", "rank", "kernel", "op", "calls", "total_us", "median_us"),
-    # Just-in-time work per process and phase (e2eprof.trackers.jit_events): compilations, autotuning, CUDA graph captures.
-    "jit": ("run_id", "point", "workload", "arm", "replica", "rank", "phase", "triton_compiles", "autotune_runs",
-            "compile_graphs", "graph_captures"),
-    "summary": ("run_id", "workload", "arm", "n", "median_ms", "mean_ms", "p10_ms", "p90_ms", "iqr_ms", "cv",
-                "cold_ms", "speedup_vs_baseline", "ci_low", "ci_high", "mw_p", "speedup_vs_sdpa", "sdpa_ci_low",
-                "sdpa_ci_high", "correct", "verdict", "reasons"),
-}
+    name: schema.table(name).required for name in ("run", "steps", "correctness", "ops", "kernels", "jit", "summary")}
+
+
+def conform(frame: pd.DataFrame, name: str, strict: bool | None = None) -> pd.DataFrame:
+    """`frame` in table `name`'s declared layout: declared columns first in their order, a missing required column
+    added as nulls of its dtype, an all-null column given its declared dtype; then any undeclared columns.
+
+    strict (default: the E2EPROF_STRICT_TABLES environment variable) raises schema.SchemaError on an undeclared
+    table or column or a value of the wrong kind. A run outside tests writes such a table anyway: what it measured
+    is worth more than the layout, an hour of timing must not be lost to a column someone forgot to declare, and
+    tests (strict) catch the omission before a release."""
+    strict = os.environ.get(STRICT_ENV) == "1" if strict is None else strict
+    declared = schema.TABLES.get(name)
+    if declared is None:
+        if strict:
+            raise schema.SchemaError(f"table {name!r} has no declared schema in e2eprof.schema")
+        return frame
+    if strict:
+        found = schema.problems(frame, name, missing=False)  # missing required columns are added below
+        if found:
+            raise schema.SchemaError("; ".join(found))
+    for column in declared.columns:
+        if column.required and column.name not in frame.columns:
+            frame[column.name] = schema.null_series(column.dtype, frame.index)
+    frame = schema.typed(frame, name)
+    names = set(declared.names)
+    return frame[[c for c in declared.names if c in frame.columns] + [c for c in frame.columns if c not in names]]
 
 
 def write_table(out_dir: Path, name: str, rows: list[dict] | pd.DataFrame) -> Path:
-    """Write `<out_dir>/<name>.parquet` atomically; columns listed in TABLE_COLUMNS must be present."""
+    """Write `<out_dir>/<name>.parquet` atomically, conformed to its declared schema (see conform)."""
     # A shallow copy: adding the missing required columns must not change the caller's frame.
     frame = rows.copy(deep=False) if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
-    required = TABLE_COLUMNS.get(name, ())
-    for column in required:
-        if column not in frame.columns:
-            frame[column] = pd.NA
-    ordered = list(required) + [c for c in frame.columns if c not in required]
-    frame = frame[ordered]
+    frame = conform(frame, name)
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / f"{name}.parquet"
     # A unique name that pyarrow creates itself, so the file gets the usual umask mode (mkstemp's is 0600 and
@@ -69,8 +82,10 @@ def check_writable(folder: Path) -> None:
 
 
 def read_table(run_dir: Path, name: str) -> pd.DataFrame:
-    """Read one table of a run directory."""
-    return pd.read_parquet(Path(run_dir) / f"{name}.parquet")
+    """Read one table of a run directory (rundir.RunDir.read: with its declared dtypes)."""
+    from e2eprof.rundir import RunDir  # rundir writes through this module
+
+    return RunDir(run_dir).read(name)
 
 
 def to_json(value) -> str:

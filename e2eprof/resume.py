@@ -20,6 +20,7 @@ import pandas as pd
 from e2eprof import reports
 from e2eprof.config import CompareConfig
 from e2eprof.errors import UsageError
+from e2eprof.rundir import RunDir
 from e2eprof.sweep import OOM_METRIC
 
 # Options that may differ between the interrupted command and the resuming one: they do not change what is measured.
@@ -55,13 +56,13 @@ class Prior:
 
 def load(config: CompareConfig, patch_source_sha256: str | None) -> Prior:
     """Read the run in config.out and check it is this run; raise UsageError (exit 2) when it cannot be resumed."""
-    if config.out is None or not (Path(config.out) / "run.parquet").exists():
+    if config.out is None or not RunDir(config.out).has("run"):
         raise UsageError("--resume needs --out pointing at an earlier run's report directory")
     if config.force:
         raise UsageError("--resume and --force exclude each other: --force starts over, --resume continues")
     out = Path(config.out)
     try:
-        row = reports.read_table(out, "run").iloc[0].to_dict()
+        row = RunDir(out).run_row()
         recorded = json.loads(row["config_json"])
     except Exception as exc:  # not a run directory of ours: say so in one line
         raise UsageError(f"--resume: {out}/run.parquet is not readable as an e2eprof run ({type(exc).__name__})") from None
@@ -92,7 +93,8 @@ def _read_back_profile_rows(out: Path, units: dict[str, dict]) -> None:
     """Give the kept units' profiles their ops and kernels rows again, from the tables the earlier attempt wrote."""
     from e2eprof.distributed.ranks import by_rank
 
-    tables = {name: reports.read_table(out, name) for name in PROFILE_TABLES if (out / f"{name}.parquet").exists()}
+    run_dir = RunDir(out)
+    tables = {name: run_dir.read(name) for name in PROFILE_TABLES if run_dir.has(name)}
     for key, unit in units.items():
         point_id, workload = key.split("/")
         for arm, profile in unit["profiles"].items():
@@ -128,11 +130,11 @@ def _kept_rows(out: Path, config: CompareConfig, units: dict[str, dict]) -> dict
     """Rows of the finished units, as written; rows of a point's set-up ('*') only when all its units finished."""
     whole_points = {p.id for p in config.points if all(unit_key(p.id, w) in units for w in config.workloads)}
     kept = {}
+    run_dir = RunDir(out)
     for name in (*UNIT_TABLES, "telemetry"):
-        path = out / f"{name}.parquet"
-        if not path.exists():
+        if not run_dir.has(name):
             continue
-        frame = reports.read_table(out, name)
+        frame = run_dir.read(name)
         if name == "telemetry":  # raw samples over time, not per unit: the kept steps were joined with them
             kept[name] = frame.drop(columns=["run_id"], errors="ignore")
             continue

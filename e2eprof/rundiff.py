@@ -41,6 +41,7 @@ from e2eprof import reports
 from e2eprof.analysis import stats
 from e2eprof.config import DeviceDefaults
 from e2eprof.errors import UsageError
+from e2eprof.rundir import RunDir
 from e2eprof.distributed.ranks import slowest_rank_frame
 from e2eprof.sweep import OOM_METRIC, SweepPoint
 from e2eprof.analysis.verdict import MIN_SAMPLES
@@ -166,14 +167,15 @@ def load_run(path: Path, label: str) -> RunRecord:
     name = f"RUN_{label}"
     if not path.is_dir():
         raise UsageError(f"{name}: {path} is not a directory")
+    run_dir = RunDir(path)
     for table in ("run", "steps"):
-        if not (path / f"{table}.parquet").is_file():
+        if not run_dir.has(table):
             raise UsageError(f"{name}: {path} is not an e2eprof report directory (no {table}.parquet)")
     try:
-        run = reports.read_table(path, "run").iloc[0].to_dict()
-        steps = reports.read_table(path, "steps")
-        summary = reports.read_table(path, "summary") if (path / "summary.parquet").is_file() else None
-        checks = reports.read_table(path, "correctness") if (path / "correctness.parquet").is_file() else None
+        run = run_dir.run_row()
+        steps = run_dir.read("steps")
+        summary = run_dir.read_if_present("summary")
+        checks = run_dir.read_if_present("correctness")
         config = json.loads(run["config_json"])
         environment = json.loads(run["environment_json"])
         model = json.loads(run["model_json"]) if isinstance(run.get("model_json"), str) else {}

@@ -16,6 +16,7 @@ import pandas as pd
 
 from e2eprof.analysis import verdict as v
 from e2eprof.errors import UsageError
+from e2eprof.rundir import RunDir
 from e2eprof.sweep import OOM_METRIC, OUT_OF_MEMORY
 
 # Tables a report can use besides run.parquet; any of them may be missing (an early failure, a CPU run, --no-profile).
@@ -87,21 +88,21 @@ def load_run(run_dir: Path) -> RunTables:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir} is not a directory (expected a report directory written by `e2eprof compare`)")
-    if not (run_dir / "run.parquet").is_file():
+    tables_dir = RunDir(run_dir)
+    if not tables_dir.has("run"):
         raise UsageError(f"{run_dir} has no run.parquet: not a report directory written by `e2eprof compare`")
-    run = _read(run_dir / "run.parquet")
+    run = _read(tables_dir, "run")
     if not len(run):
         raise UsageError(f"{run_dir / 'run.parquet'} has no rows")
-    tables = {name: _read(run_dir / f"{name}.parquet") if (run_dir / f"{name}.parquet").is_file() else None
-              for name in OPTIONAL_TABLES}
+    tables = {name: _read(tables_dir, name) if tables_dir.has(name) else None for name in OPTIONAL_TABLES}
     return RunTables(run_dir, run.iloc[0], tables)
 
 
-def _read(path: Path) -> pd.DataFrame:
+def _read(run_dir: RunDir, name: str) -> pd.DataFrame:
     try:
-        return pd.read_parquet(path)
+        return run_dir.read(name)
     except Exception as exc:  # pyarrow raises several types for a truncated or foreign file
-        raise UsageError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
+        raise UsageError(f"cannot read {run_dir.file(name)}: {type(exc).__name__}: {exc}") from None
 
 
 def _json(text) -> dict:
