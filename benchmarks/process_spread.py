@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from e2eprof.rundir import RunDir
+from e2eprof.tables.rundir import RunDir
 
 
 def one_run(out: Path, model: str, workload: str, isolate: str, replicas: int, budget: float, extra: list[str]) -> dict:

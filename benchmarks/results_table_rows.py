@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from e2eprof.rundir import RunDir
+from e2eprof.tables.rundir import RunDir
 
 
 def _x(value: float) -> str:

@@ -36,7 +36,7 @@ import pandas as pd
 from e2eprof.config import DeviceDefaults, resolve_device
 from e2eprof.env import capture_environment
 from e2eprof.errors import E2EProfError, UsageError
-from e2eprof.rundir import RunDir
+from e2eprof.tables.rundir import RunDir
 
 PARTS = ("aa", "sensitivity", "overhead", "cost", "agreement")
 DEFAULT_LEVELS = (0.005, 0.01, 0.02, 0.05)

@@ -17,7 +17,7 @@ import pandas as pd
 
 from e2eprof.config import CompareConfig
 from e2eprof.analysis.summary import summarize
-from e2eprof.rundir import RunDir
+from e2eprof.tables.rundir import RunDir
 
 
 def main(run_dir: Path) -> None:

@@ -311,7 +311,7 @@ def diff(
     allow_different: Annotated[bool, typer.Option(help="Diff runs of different comparisons anyway (the differences become flags).")] = False,
 ) -> int:
     """Compare two runs of the same comparison (e.g. before/after a driver or kernel change). Exit 1 if anything got worse."""
-    from e2eprof.rundiff import DiffConfig, diff_runs, print_diff
+    from e2eprof.render.rundiff import DiffConfig, diff_runs, print_diff
 
     result = diff_runs(DiffConfig(run_a=run_a, run_b=run_b, out=out, min_change=min_change, metric=metric,
                                   allow_different=allow_different))

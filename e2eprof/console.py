@@ -80,7 +80,7 @@ def _interval(ratio, low, high) -> str:
 
 
 def _print_top_changes(console: Console, run_dir, workload: str, top: int = 5) -> None:
-    from e2eprof.rundir import RunDir
+    from e2eprof.tables.rundir import RunDir
 
     diff = RunDir(run_dir).read_if_present("opdiff")
     if diff is None:

@@ -17,7 +17,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from e2eprof import reports
+from e2eprof.tables import reports
 from e2eprof.harness.arm_process import ArmFailed, ArmProcess
 from e2eprof.config import CompareConfig
 from e2eprof.errors import UsageError

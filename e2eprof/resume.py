@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from e2eprof import reports
+from e2eprof.tables import reports
 from e2eprof.config import CompareConfig
 from e2eprof.errors import UsageError
-from e2eprof.rundir import RunDir
+from e2eprof.tables.rundir import RunDir
 from e2eprof.sweep import OOM_METRIC
 
 # Options that may differ between the interrupted command and the resuming one: they do not change what is measured.

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from e2eprof import reports, startup
+from e2eprof import startup
+from e2eprof.tables import reports
 from e2eprof.harness import isolation
 from e2eprof.harness import worker_output
 from e2eprof.analysis import explain

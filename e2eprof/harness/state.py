@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from e2eprof import reports
+from e2eprof.tables import reports
 from e2eprof.analysis import explain
 from e2eprof.trackers import telemetry
 from e2eprof import resume as resume_run

@@ -19,7 +19,7 @@ from e2eprof.microbench.bench import MIN_TRIALS, run_microbench
 from e2eprof.microbench.capture import AUTOCAST_DTYPES, capture_shapes, sweep_shapes
 from e2eprof.patching import check_model_fits
 from e2eprof.registry import load_patch
-from e2eprof.reports import check_writable, to_json, write_table
+from e2eprof.tables.reports import check_writable, to_json, write_table
 from e2eprof.suggest import suggest
 from e2eprof.workloads.loops import check_workloads
 from e2eprof.workloads.models import PRESETS, ModelLoadError, resolve_model

@@ -16,7 +16,7 @@ import pandas as pd
 
 from e2eprof.analysis import verdict as v
 from e2eprof.errors import UsageError
-from e2eprof.rundir import RunDir
+from e2eprof.tables.rundir import RunDir
 from e2eprof.sweep import OOM_METRIC, OUT_OF_MEMORY
 
 # Tables a report can use besides run.parquet; any of them may be missing (an early failure, a CPU run, --no-profile).

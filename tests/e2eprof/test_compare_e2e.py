@@ -10,7 +10,7 @@ import textwrap
 import pandas as pd
 import pytest
 
-from e2eprof.reports import SCHEMA_VERSION, TABLE_COLUMNS
+from e2eprof.tables.reports import SCHEMA_VERSION, TABLE_COLUMNS
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import pytest
 
 from e2eprof.errors import UsageError
 from e2eprof.render import render_report
-from e2eprof.reports import write_table
+from e2eprof.tables.reports import write_table
 
 # Tables of two H200 runs (tests/data/README.md says what was kept of them).
 REPORTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "h200-runs"

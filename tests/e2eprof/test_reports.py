@@ -8,7 +8,7 @@ import pandas as pd
 import pyarrow
 import pytest
 
-from e2eprof.reports import TABLE_COLUMNS, read_table, to_json, write_table
+from e2eprof.tables.reports import TABLE_COLUMNS, read_table, to_json, write_table
 
 STEP = {"run_id": "r1", "workload": "train", "arm": "baseline", "block": 0, "step": 0, "phase": "timed",
         "wall_ns": 123_456, "device_ms": None, "start_unix_ns": 1, "end_unix_ns": 2, "ttft_ms": None, "tpot_ms": None}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from e2eprof import reports, resume
+from e2eprof import resume
+from e2eprof.tables import reports
 
 
 def _row(workload: str, arm: str, metric: str, passed: bool) -> dict:

@@ -14,11 +14,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from e2eprof import reports, rundiff
+from e2eprof.tables import reports
+from e2eprof.render import rundiff
 from e2eprof.analysis import stats
 from e2eprof.config import DeviceDefaults
 from e2eprof.errors import UsageError
-from e2eprof.rundiff import (
+from e2eprof.render.rundiff import (
     BELOW_MARGIN,
     FASTER,
     NO_SIGNIFICANT_DIFFERENCE,

@@ -1,4 +1,4 @@
-"""Declared table schemas (e2eprof.schema): a real CPU compare run writes every table as declared, strict mode
+"""Declared table schemas (e2eprof.tables.schema): a real CPU compare run writes every table as declared, strict mode
 rejects what is not declared, and RunDir reads the tables back with their declared dtypes."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from e2eprof import reports, schema
-from e2eprof.rundir import RunDir
+from e2eprof.tables import reports
+from e2eprof.tables import schema
+from e2eprof.tables.rundir import RunDir
 
 pytestmark = pytest.mark.slow
 

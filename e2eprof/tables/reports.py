@@ -1,4 +1,4 @@
-"""Parquet report tables: fixed names, declared schemas (e2eprof.schema), a schema version, atomic writes.
+"""Parquet report tables: fixed names, declared schemas (e2eprof.tables.schema), a schema version, atomic writes.
 
 Every table is written to a temporary name in the same directory and renamed into place, so a reader (or a
 run killed mid-write) never sees a half-written Parquet file. Tables are rewritten whole as a run goes, which
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from e2eprof import schema
+from e2eprof.tables import schema
 
 SCHEMA_VERSION = 1
 
@@ -23,7 +23,7 @@ SCHEMA_VERSION = 1
 STRICT_ENV = "E2EPROF_STRICT_TABLES"
 
 # Required columns of the tables every profiled compare run writes (tests read each of them from a CPU run);
-# e2eprof.schema.TABLES declares every table and column, these included.
+# e2eprof.tables.schema.TABLES declares every table and column, these included.
 TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     name: schema.table(name).required for name in ("run", "steps", "correctness", "ops", "kernels", "jit", "summary")}
 
@@ -40,7 +40,7 @@ def conform(frame: pd.DataFrame, name: str, strict: bool | None = None) -> pd.Da
     declared = schema.TABLES.get(name)
     if declared is None:
         if strict:
-            raise schema.SchemaError(f"table {name!r} has no declared schema in e2eprof.schema")
+            raise schema.SchemaError(f"table {name!r} has no declared schema in e2eprof.tables.schema")
         return frame
     if strict:
         found = schema.problems(frame, name, missing=False)  # missing required columns are added below
@@ -83,7 +83,7 @@ def check_writable(folder: Path) -> None:
 
 def read_table(run_dir: Path, name: str) -> pd.DataFrame:
     """Read one table of a run directory (rundir.RunDir.read: with its declared dtypes)."""
-    from e2eprof.rundir import RunDir  # rundir writes through this module
+    from e2eprof.tables.rundir import RunDir  # rundir writes through this module
 
     return RunDir(run_dir).read(name)
 

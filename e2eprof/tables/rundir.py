@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from e2eprof import reports, schema
+from e2eprof.tables import reports
+from e2eprof.tables import schema
 
 
 class RunDir:

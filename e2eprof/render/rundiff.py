@@ -37,11 +37,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from e2eprof import reports
+from e2eprof.tables import reports
 from e2eprof.analysis import stats
 from e2eprof.config import DeviceDefaults
 from e2eprof.errors import UsageError
-from e2eprof.rundir import RunDir
+from e2eprof.tables.rundir import RunDir
 from e2eprof.distributed.ranks import slowest_rank_frame
 from e2eprof.sweep import OOM_METRIC, SweepPoint
 from e2eprof.analysis.verdict import MIN_SAMPLES

@@ -501,7 +501,7 @@ def problems(frame: pd.DataFrame, name: str, missing: bool = True) -> list[str]:
     schema = table(name)
     declared = set(schema.names)
     found = [f"{name}: required column {c!r} is missing" for c in schema.required if missing and c not in frame.columns]
-    found += [f"{name}: column {c!r} is not declared in e2eprof.schema" for c in frame.columns if c not in declared]
+    found += [f"{name}: column {c!r} is not declared in e2eprof.tables.schema" for c in frame.columns if c not in declared]
     found += [f"{name}: column {c.name!r} does not hold {c.dtype} (pandas dtype {frame[c.name].dtype})"
               for c in schema.columns if c.name in frame.columns and not matches(frame[c.name], c.dtype)]
     return found
