@@ -1,101 +1,156 @@
-"""Host cost per call of softmax: torch.softmax vs fastsoftmax (the named op) vs the patched GPT-2 softmax.
+"""Host cost per call of every built-in kernel vs the stock op it replaces, forward and forward + backward.
 
-On a tiny CPU tensor the math is negligible, so what is measured is the host's per-call cost: Python, the
-dispatcher, custom_op's machinery and, for the patched arm, e2eprof's call recorder. That cost is what made the
-fastsoftmax arm of small-shape gpt2 train steps slower on the H200 (reports/2026-12-02-h200-gpt2-fastsoftmax-sweep).
-Each figure is in microseconds per call over REPEATS blocks of CALLS calls; the arms' blocks are interleaved so
-drift on a shared machine hits them alike, and both the median and the minimum block are printed (on a busy
-machine the minimum is the steadier estimate of the cost itself). One thread, so a busy machine disturbs it less.
+Tensors are tiny, so the math is negligible and what is measured is the host's per-call cost: Python, the
+dispatcher, the custom op's machinery, autograd and the kernel's own launches. On CUDA nothing is synchronised
+inside a timed block, so the figure is the CPU time of issuing the calls (launch overhead); the queue is drained
+between blocks only. Each figure is microseconds per call over REPEATS blocks of CALLS calls; the arms' blocks are
+interleaved so drift on a shared machine hits them alike. The minimum block is the steadier estimate on a busy
+machine, the median is reported beside it; `ratio` is the kernel's minimum over the stock op's minimum.
 
-Usage (from the checkout): PYTHONPATH=$PWD python3 benchmarks/host_overhead.py
-
-Recorded 2026-12-02 on a CPU-only machine with 2 shared cores (a CI run going on, load average 2.4-4), torch 2.13.0+cpu,
-before/after kernels/fastsoftmax/op.py moved from torch.library.custom_op to torch.library.Library (runs
-alternated, two each; us per call, minimum block, the steadier figure here; medians in parentheses):
-
-    arm                 fwd before        fwd after       fwd+bwd before        fwd+bwd after
-    torch.softmax       3.9-4.3           3.9-4.2         22.5-22.9             22.4-24.1
-    fastsoftmax (op)    60-68 (103-110)   43-49 (76-82)   234-291 (336-381)     183-207 (285-289)
-    patched F.softmax   70-87 (121)       53 (89-91)      253-284 (349-388)     193-216 (300-321)
-
-About a fifth to a quarter less per call. What is left is mostly cpu.py's own elementwise torch calls (about 16 us
-forward and 17 us backward here; on a GPU Triton launches stand in for them), the autograd engine's Python-node
-cost for the backward, and, in the patched arm, e2eprof's call recorder.
+Usage (from the checkout): PYTHONPATH=$PWD python3 benchmarks/host_overhead.py --out DIR [--device cuda|cpu]
+Writes DIR/host_overhead.parquet (one row per block: kernel, arm, kind, block, us_per_call) and
+DIR/host_overhead.md (the summary table, also printed).
 """
 
 from __future__ import annotations
 
-import statistics
+import argparse
+import pathlib
+import sys
 import time
 from typing import Callable
 
+import pandas as pd
 import torch
+import torch.nn.functional as F
 
-import transformers.models.gpt2.modeling_gpt2 as modeling_gpt2
-from e2eprof.kernels.fastsoftmax import fastsoftmax
-from e2eprof.patching import apply_patch
-from e2eprof.registry import load_patch
+from e2eprof.kernels.fastgelu.op import fastgelu
+from e2eprof.kernels.fastlayernorm.op import fastlayernorm
+from e2eprof.kernels.fastsoftmax.op import fastsoftmax
+from e2eprof.kernels.fusedsoftmax.op import fusedsoftmax
+from e2eprof.kernels.rmsnorm.op import rmsnorm
+from e2eprof.kernels.swiglu.op import swiglu
 
-SHAPE = (1, 2, 4, 4)  # (B, nh, T, T): attention scores small enough that only host cost is left
-WARMUP, CALLS, REPEATS = 200, 200, 21
+WARMUP, CALLS, REPEATS = 100, 100, 15
+SCORES = (1, 2, 4, 4)  # (B, nh, T, S): attention scores small enough that only host cost is left
+HIDDEN = (1, 4, 8)  # (B, T, C) activations
 
 
-def block_us(step: Callable[[], None]) -> float:
-    """Microseconds per call of `step`, over one block of CALLS calls."""
+def _rms_stock(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    # LlamaRMSNorm.forward's body (what the rmsnorm patch replaces), without the module call around it.
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return w * h.to(x.dtype)
+
+
+def cases(device: str) -> dict[str, tuple[Callable, Callable, Callable[[], tuple]]]:
+    """kernel -> (kernel call, stock call, inputs factory); calls take the inputs as positional arguments."""
+    def t(shape):
+        return torch.randn(shape, device=device)
+
+    mask = torch.zeros((1, 1) + SCORES[2:], device=device)
+    c = HIDDEN[-1]
+    return {
+        "fastsoftmax": (lambda x: fastsoftmax(x, -1), lambda x: torch.softmax(x, -1), lambda: (t(SCORES),)),
+        "fusedsoftmax": (lambda x: fusedsoftmax(x, mask, 0.5), lambda x: torch.softmax(x * 0.5 + mask, -1),
+                         lambda: (t(SCORES),)),
+        "fastgelu": (lambda x: fastgelu(x), lambda x: F.gelu(x, approximate="tanh"), lambda: (t(HIDDEN),)),
+        "fastlayernorm": (lambda x, w, b: fastlayernorm(x, c, w, b, 1e-5), lambda x, w, b: F.layer_norm(x, (c,), w, b),
+                          lambda: (t(HIDDEN), t(c), t(c))),
+        "rmsnorm": (lambda x, w: rmsnorm(x, w, 1e-6), _rms_stock, lambda: (t(HIDDEN), t(c))),
+        "swiglu": (swiglu, lambda g, u: F.silu(g) * u, lambda: (t(HIDDEN), t(HIDDEN))),
+    }
+
+
+def steps(call: Callable, make: Callable[[], tuple]) -> dict[str, Callable[[], None]]:
+    """One call forward only (no grad), and one forward + backward through every input."""
+    args = make()
+    gargs = tuple(a.clone().requires_grad_() for a in args)
+    grad = torch.ones_like(call(*args))
+
+    def forward() -> None:
+        with torch.no_grad():
+            call(*args)
+
+    def forward_backward() -> None:
+        call(*gargs).backward(grad)
+
+    return {"fwd": forward, "fwd+bwd": forward_backward}
+
+
+def block_us(step: Callable[[], None], sync: Callable[[], None]) -> float:
+    """Microseconds per call of `step` over one block of CALLS calls; the device queue is drained before, not during."""
+    sync()
     t0 = time.perf_counter_ns()
     for _ in range(CALLS):
         step()
     return (time.perf_counter_ns() - t0) / CALLS / 1e3
 
 
-def steps(softmax: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, Callable[[], None]]:
-    """One call of `softmax` forward only (no grad), and one forward + backward."""
-    x = torch.randn(SHAPE)
-    xg = x.clone().requires_grad_()
-    grad = torch.ones(SHAPE)
-
-    def forward() -> None:
-        with torch.no_grad():
-            softmax(x)
-
-    def forward_backward() -> None:
-        softmax(xg).backward(grad)
-
-    return {"fwd": forward, "fwd+bwd": forward_backward}
-
-
-def measure(arms: dict[str, Callable[[torch.Tensor], torch.Tensor]]) -> dict[tuple[str, str], list[float]]:
-    """Raw per-call times, one per block, keyed by (arm, "fwd" | "fwd+bwd"); arms interleaved block by block."""
-    calls = {(arm, kind): step for arm, softmax in arms.items() for kind, step in steps(softmax).items()}
+def measure(device: str, kernels: list[str]) -> pd.DataFrame:
+    """Raw per-call times, one row per (kernel, arm, kind, block); every step's blocks interleaved."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    table = cases(device)
+    calls = {}
+    for kernel in kernels:
+        ours, stock, make = table[kernel]
+        for arm, call in (("kernel", ours), ("stock", stock)):
+            for kind, step in steps(call, make).items():
+                calls[kernel, arm, kind] = step
     for step in calls.values():
         for _ in range(WARMUP):
             step()
-    times: dict[tuple[str, str], list[float]] = {key: [] for key in calls}
-    for _ in range(REPEATS):
-        for key, step in calls.items():
-            times[key].append(block_us(step))
-    return times
+    rows = []
+    for block in range(REPEATS):
+        for (kernel, arm, kind), step in calls.items():
+            rows.append({"kernel": kernel, "arm": arm, "kind": kind, "block": block, "us_per_call": block_us(step, sync)})
+    sync()
+    return pd.DataFrame(rows)
 
 
-def main() -> None:
-    torch.set_num_threads(1)
-    arms = {
-        "torch.softmax": lambda x: torch.softmax(x, -1),
-        "fastsoftmax (op)": lambda x: fastsoftmax(x, -1),
-        # Looked up at call time, as GPT-2's attention does: the patch replaces this attribute.
-        "patched F.softmax": lambda x: modeling_gpt2.nn.functional.softmax(x, dim=-1),
-    }
-    applied = apply_patch(load_patch("fastsoftmax").patch)
-    try:
-        times = measure(arms)
-    finally:
-        applied.revert()
-    print(f"host us per call, tensor {'x'.join(map(str, SHAPE))} float32, {REPEATS} blocks of {CALLS} calls: median (min)")
-    print(f"{'':<20}{'fwd':>16}{'fwd+bwd':>16}")
-    for arm in arms:
-        cells = [f"{statistics.median(times[arm, k]):.1f} ({min(times[arm, k]):.1f})" for k in ("fwd", "fwd+bwd")]
-        print(f"{arm:<20}{cells[0]:>16}{cells[1]:>16}")
+def summary(raw: pd.DataFrame) -> pd.DataFrame:
+    """Per kernel and kind: median and minimum of each arm, and the kernel/stock ratio of the minima."""
+    agg = raw.groupby(["kernel", "kind", "arm"], sort=False)["us_per_call"].agg(["median", "min"]).unstack("arm")
+    out = pd.DataFrame({
+        "kernel_us_min": agg["min"]["kernel"], "kernel_us_median": agg["median"]["kernel"],
+        "stock_us_min": agg["min"]["stock"], "stock_us_median": agg["median"]["stock"],
+    })
+    out["ratio"] = out["kernel_us_min"] / out["stock_us_min"]
+    return out.reset_index()
+
+
+def markdown(table: pd.DataFrame, device: str) -> str:
+    head = (f"Host us per call on {device} ({torch.__version__}), tiny tensors, {REPEATS} blocks of {CALLS} calls; "
+            "min (median); ratio = kernel min / stock min\n\n"
+            "| kernel | kind | kernel us | stock us | ratio |\n|---|---|---:|---:|---:|\n")
+    lines = [f"| {r.kernel} | {r.kind} | {r.kernel_us_min:.1f} ({r.kernel_us_median:.1f}) | "
+             f"{r.stock_us_min:.1f} ({r.stock_us_median:.1f}) | {r.ratio:.2f} |" for r in table.itertuples()]
+    return head + "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = list(cases("cpu"))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path, required=True, help="folder for host_overhead.{parquet,md}")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--kernels", default=",".join(names), help=f"comma-separated subset of {','.join(names)}")
+    args = parser.parse_args(argv)
+    chosen = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    unknown = sorted(set(chosen) - set(names))
+    if unknown or not chosen:
+        parser.error(f"unknown kernel(s) {unknown}; choose from {names}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but CUDA is not available")
+    torch.set_num_threads(1)  # a busy machine disturbs one thread less
+    raw = measure(args.device, chosen)
+    table = summary(raw)
+    text = markdown(table, torch.cuda.get_device_name() if args.device == "cuda" else "cpu")
+    args.out.mkdir(parents=True, exist_ok=True)
+    raw.to_parquet(args.out / "host_overhead.parquet", index=False)
+    (args.out / "host_overhead.md").write_text(text)
+    print(text)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
