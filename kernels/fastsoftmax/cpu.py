@@ -7,7 +7,7 @@ in fp32 (fp64 when the input is fp64), write the requested dtype; same -inf/NaN 
 
 import torch
 
-from .._cpu_math import compute_dtype, row_chunks
+from .._cpu_math import CHUNK_ELEMENTS, compute_dtype, row_chunks
 
 
 def softmax_forward(x2d: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -23,13 +23,18 @@ def softmax_forward(x2d: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     y2d = torch.empty((rows, cols), dtype=out_dtype, device=x2d.device)
     if rows == 0 or cols == 0:
         return y2d
+    if rows * cols <= CHUNK_ELEMENTS:  # one chunk: no slicing, which costs host time on small tensors
+        return y2d.copy_(_softmax_rows(x2d.to(compute)))
     for sl in row_chunks(rows, cols):
-        xc = x2d[sl].to(compute)  # (r, cols); may alias x2d when already `compute`, so never modified in place
-        m = xc.amax(dim=1, keepdim=True)  # (r, 1)
-        e = torch.sub(xc, m).exp_()  # fresh tensor: in-place exp is safe
-        s = e.sum(dim=1, keepdim=True)  # (r, 1)
-        y2d[sl] = e.div_(s)  # copy_ casts to out_dtype
+        y2d[sl] = _softmax_rows(x2d[sl].to(compute))  # copy_ casts to out_dtype
     return y2d
+
+
+def _softmax_rows(xc: torch.Tensor) -> torch.Tensor:
+    """Softmax over dim 1 of xc (r, cols), a fresh tensor; xc may alias the input, so it is never modified."""
+    m = xc.amax(dim=1, keepdim=True)  # (r, 1)
+    e = torch.sub(xc, m).exp_()  # fresh tensor: in-place exp is safe
+    return e.div_(e.sum(dim=1, keepdim=True))
 
 
 def softmax_backward(dy2d: torch.Tensor, y2d: torch.Tensor, dx_dtype: torch.dtype) -> torch.Tensor:
@@ -44,9 +49,14 @@ def softmax_backward(dy2d: torch.Tensor, y2d: torch.Tensor, dx_dtype: torch.dtyp
     dx2d = torch.empty((rows, cols), dtype=dx_dtype, device=y2d.device)
     if rows == 0 or cols == 0:
         return dx2d
+    if rows * cols <= CHUNK_ELEMENTS:  # one chunk: no slicing
+        return dx2d.copy_(_backward_rows(dy2d.to(compute), y2d.to(compute)))
     for sl in row_chunks(rows, cols):
-        dyc = dy2d[sl].to(compute)  # (r, cols)
-        yc = y2d[sl].to(compute)  # (r, cols)
-        dot = torch.mul(dyc, yc).sum(dim=1, keepdim=True)  # (r, 1)
-        dx2d[sl] = torch.sub(dyc, dot).mul_(yc)
+        dx2d[sl] = _backward_rows(dy2d[sl].to(compute), y2d[sl].to(compute))
     return dx2d
+
+
+def _backward_rows(dyc: torch.Tensor, yc: torch.Tensor) -> torch.Tensor:
+    """dy * y - y * sum(dy * y) over dim 1 of (r, cols) tensors, as a fresh tensor."""
+    dot = torch.mul(dyc, yc).sum(dim=1, keepdim=True)  # (r, 1)
+    return torch.sub(dyc, dot).mul_(yc)

@@ -27,6 +27,8 @@ IMPL_ENV = "E2EPROF_FASTSOFTMAX_IMPL"
 # Keys "triton.fwd", "triton.bwd", "cpu.fwd", "cpu.bwd": one per call that reached an implementation
 # (empty inputs included: the implementation is chosen and called, it just launches nothing).
 IMPL_CALLS: collections.Counter = collections.Counter()
+_FWD_KEY = {"triton": "triton.fwd", "cpu": "cpu.fwd"}  # built once, not an f-string per call
+_BWD_KEY = {"triton": "triton.bwd", "cpu": "cpu.bwd"}
 
 
 def _choose_impl(t: torch.Tensor) -> str:
@@ -90,7 +92,7 @@ def _fastsoftmax_impl(x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype
         y2d = triton_kernels(__package__).softmax_forward(x2d, out_dtype)
     else:
         y2d = cpu.softmax_forward(x2d, out_dtype)
-    IMPL_CALLS[f"{impl}.fwd"] += 1
+    IMPL_CALLS[_FWD_KEY[impl]] += 1
     return _from_rows(y2d, x.shape, dim)
 
 
@@ -114,7 +116,7 @@ def _fastsoftmax_backward_impl(
         dx2d = triton_kernels(__package__).softmax_backward(dy2d, y2d, in_dtype)
     else:
         dx2d = cpu.softmax_backward(dy2d, y2d, in_dtype)
-    IMPL_CALLS[f"{impl}.bwd"] += 1
+    IMPL_CALLS[_BWD_KEY[impl]] += 1
     return _from_rows(dx2d, out.shape, dim)
 
 
