@@ -40,54 +40,89 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1)
 
 
-@torch.library.custom_op("e2eprof::swiglu", mutates_args=(), schema="(Tensor gate, Tensor up) -> Tensor")
-def _swiglu_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+# Registered with torch.library.Library rather than torch.library.custom_op, as fastsoftmax is (see its op.py):
+# custom_op's per-call Python layers cost more host time than a small swiglu; ops, schemas, fake kernels and
+# autograd stay the same, so traces, opcheck and torch.compile see the same two named ops.
+_LIB = torch.library.Library("e2eprof", "FRAGMENT")  # kept alive for the registrations' lifetime
+_LIB.define("swiglu(Tensor gate, Tensor up) -> Tensor")
+_LIB.define("swiglu_backward(Tensor grad_out, Tensor gate, Tensor up) -> (Tensor, Tensor)")
+_FWD_KEY = {"triton": "triton.fwd", "cpu": "cpu.fwd"}  # built once, not an f-string per call
+_BWD_KEY = {"triton": "triton.bwd", "cpu": "cpu.bwd"}
+
+
+def _swiglu_impl(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     _check_args(("gate", gate), ("up", up))
     impl = _choose_impl(gate)
     kernels = triton_kernels(__package__) if impl == "triton" else cpu
     y = kernels.swiglu_forward(_flat(gate), _flat(up))
-    IMPL_CALLS[f"{impl}.fwd"] += 1
+    IMPL_CALLS[_FWD_KEY[impl]] += 1
     return y.reshape(gate.shape)
 
 
-@_swiglu_op.register_fake
 def _swiglu_fake(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     _check_args(("gate", gate), ("up", up))
     return gate.new_empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype))
 
 
-@torch.library.custom_op(
-    "e2eprof::swiglu_backward", mutates_args=(), schema="(Tensor grad_out, Tensor gate, Tensor up) -> (Tensor, Tensor)"
-)
-def _swiglu_backward_op(grad_out: torch.Tensor, gate: torch.Tensor,
-                        up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _swiglu_backward_impl(grad_out: torch.Tensor, gate: torch.Tensor,
+                          up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check_args(("gate", gate), ("up", up), ("grad_out", grad_out))
     impl = _choose_impl(gate)
     kernels = triton_kernels(__package__) if impl == "triton" else cpu
     dgate, dup = kernels.swiglu_backward(_flat(grad_out), _flat(gate), _flat(up))
-    IMPL_CALLS[f"{impl}.bwd"] += 1
+    IMPL_CALLS[_BWD_KEY[impl]] += 1
     return dgate.reshape(gate.shape), dup.reshape(up.shape)
 
 
-@_swiglu_backward_op.register_fake
 def _swiglu_backward_fake(grad_out: torch.Tensor, gate: torch.Tensor,
                           up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check_args(("gate", gate), ("up", up), ("grad_out", grad_out))
     return gate.new_empty(gate.shape), up.new_empty(up.shape)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    gate, up = inputs
-    # Backward recomputes sigmoid(gate) from gate: no activation-sized temporary is kept alive.
-    ctx.save_for_backward(gate, up)
+# The Autograd kernels redispatch below autograd (not a second torch.ops call), so a profile shows one
+# e2eprof::swiglu event per call, as with custom_op.
+_BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 
 
-def _backward(ctx, grad_out):
-    gate, up = ctx.saved_tensors
-    return torch.ops.e2eprof.swiglu_backward(grad_out, gate, up)
+class _SwigluFunction(torch.autograd.Function):
+    """The Autograd kernel of e2eprof::swiglu: runs the op below autograd and records its backward."""
+
+    @staticmethod
+    def forward(ctx, keyset, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        # Backward recomputes sigmoid(gate) from gate: no activation-sized temporary is kept alive.
+        ctx.save_for_backward(gate, up)
+        return torch.ops.e2eprof.swiglu.default.redispatch(keyset, gate, up)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        gate, up = ctx.saved_tensors
+        dgate, dup = torch.ops.e2eprof.swiglu_backward.default(grad_out, gate, up)
+        return None, dgate, dup
 
 
-_swiglu_op.register_autograd(_backward, setup_context=_setup_context)
+def _swiglu_autograd(keyset, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    below = keyset & _BELOW_AUTOGRAD
+    if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
+        return _SwigluFunction.apply(below, gate, up)
+    return torch.ops.e2eprof.swiglu.default.redispatch(below, gate, up)
+
+
+def _swiglu_backward_autograd(keyset, grad_out: torch.Tensor, gate: torch.Tensor,
+                              up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # No double backward: refuse rather than let autograd treat the gradient as a constant without a word.
+    if torch.is_grad_enabled() and (grad_out.requires_grad or gate.requires_grad or up.requires_grad):
+        raise RuntimeError("e2eprof::swiglu_backward is not differentiable (no double backward through swiglu)")
+    return torch.ops.e2eprof.swiglu_backward.default.redispatch(keyset & _BELOW_AUTOGRAD, grad_out, gate, up)
+
+
+# CompositeExplicitAutograd: every backend; the implementation itself raises for devices it has no code for.
+_LIB.impl("swiglu", _swiglu_impl, "CompositeExplicitAutograd")
+_LIB.impl("swiglu_backward", _swiglu_backward_impl, "CompositeExplicitAutograd")
+_LIB.impl("swiglu", _swiglu_autograd, "Autograd", with_keyset=True)
+_LIB.impl("swiglu_backward", _swiglu_backward_autograd, "Autograd", with_keyset=True)
+torch.library.register_fake("e2eprof::swiglu", _swiglu_fake, lib=_LIB)
+torch.library.register_fake("e2eprof::swiglu_backward", _swiglu_backward_fake, lib=_LIB)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
