@@ -41,38 +41,40 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(math.prod(t.shape[:-1]), t.shape[-1])  # not numel // C: C may be 0
 
 
-@torch.library.custom_op("e2eprof::rmsnorm", mutates_args=(), schema="(Tensor x, Tensor weight, float eps) -> Tensor")
-def _rmsnorm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+# Registered with torch.library.Library rather than torch.library.custom_op, as fastsoftmax is (see its op.py):
+# custom_op's per-call Python layers cost more host time than a small RMSNorm; ops, schemas, fake kernels and
+# autograd stay the same, so traces, opcheck and torch.compile see the same two named ops.
+_LIB = torch.library.Library("e2eprof", "FRAGMENT")  # kept alive for the registrations' lifetime
+_LIB.define("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor")
+_LIB.define("rmsnorm_backward(Tensor grad_out, Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)")
+_FWD_KEY = {"triton": "triton.fwd", "cpu": "cpu.fwd"}  # built once, not an f-string per call
+_BWD_KEY = {"triton": "triton.bwd", "cpu": "cpu.bwd"}
+
+
+def _rmsnorm_impl(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _check_args(x, weight)
     impl = _choose_impl(x)
     kernels = triton_kernels(__package__) if impl == "triton" else cpu
     y2d = kernels.rmsnorm_forward(_rows(x), weight.contiguous(), eps)  # (R, C)
-    IMPL_CALLS[f"{impl}.fwd"] += 1
+    IMPL_CALLS[_FWD_KEY[impl]] += 1
     return y2d.reshape(x.shape)
 
 
-@_rmsnorm_op.register_fake
 def _rmsnorm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _check_args(x, weight)
     return x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype))
 
 
-@torch.library.custom_op(
-    "e2eprof::rmsnorm_backward",
-    mutates_args=(),
-    schema="(Tensor grad_out, Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)",
-)
-def _rmsnorm_backward_op(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _rmsnorm_backward_impl(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     _check_backward_args(grad_out, x, weight)
     impl = _choose_impl(x)
     kernels = triton_kernels(__package__) if impl == "triton" else cpu
     dx2d, dw = kernels.rmsnorm_backward(_rows(grad_out), _rows(x), weight.contiguous(), eps)
-    IMPL_CALLS[f"{impl}.bwd"] += 1
+    IMPL_CALLS[_BWD_KEY[impl]] += 1
     return dx2d.reshape(x.shape), dw
 
 
-@_rmsnorm_backward_op.register_fake
 def _rmsnorm_backward_fake(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     _check_backward_args(grad_out, x, weight)
@@ -86,20 +88,50 @@ def _check_backward_args(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.
                          f"{tuple(grad_out.shape)} {grad_out.dtype} on {grad_out.device}")
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    x, weight, eps = inputs
-    # Backward recomputes rstd from x (it reads x anyway), so only the inputs are kept.
-    ctx.save_for_backward(x, weight)
-    ctx.eps = eps
+# The Autograd kernels redispatch below autograd (not a second torch.ops call), so a profile shows one
+# e2eprof::rmsnorm event per call, as with custom_op.
+_BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 
 
-def _backward(ctx, grad_out):
-    x, weight = ctx.saved_tensors
-    dx, dw = torch.ops.e2eprof.rmsnorm_backward(grad_out, x, weight, ctx.eps)
-    return dx, dw, None
+class _RMSNormFunction(torch.autograd.Function):
+    """The Autograd kernel of e2eprof::rmsnorm: runs the op below autograd and records its backward."""
+
+    @staticmethod
+    def forward(ctx, keyset, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        # Backward recomputes rstd from x (it reads x anyway), so only the inputs are kept.
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        return torch.ops.e2eprof.rmsnorm.default.redispatch(keyset, x, weight, eps)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        dx, dw = torch.ops.e2eprof.rmsnorm_backward.default(grad_out, x, weight, ctx.eps)
+        return None, dx, dw, None
 
 
-_rmsnorm_op.register_autograd(_backward, setup_context=_setup_context)
+def _rmsnorm_autograd(keyset, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    below = keyset & _BELOW_AUTOGRAD
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return _RMSNormFunction.apply(below, x, weight, eps)
+    return torch.ops.e2eprof.rmsnorm.default.redispatch(below, x, weight, eps)
+
+
+def _rmsnorm_backward_autograd(keyset, grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    # No double backward: refuse rather than let autograd treat the gradient as a constant without a word.
+    if torch.is_grad_enabled() and (grad_out.requires_grad or x.requires_grad or weight.requires_grad):
+        raise RuntimeError("e2eprof::rmsnorm_backward is not differentiable (no double backward through rmsnorm)")
+    return torch.ops.e2eprof.rmsnorm_backward.default.redispatch(keyset & _BELOW_AUTOGRAD, grad_out, x, weight, eps)
+
+
+# CompositeExplicitAutograd: every backend; the implementation itself raises for devices it has no code for.
+_LIB.impl("rmsnorm", _rmsnorm_impl, "CompositeExplicitAutograd")
+_LIB.impl("rmsnorm_backward", _rmsnorm_backward_impl, "CompositeExplicitAutograd")
+_LIB.impl("rmsnorm", _rmsnorm_autograd, "Autograd", with_keyset=True)
+_LIB.impl("rmsnorm_backward", _rmsnorm_backward_autograd, "Autograd", with_keyset=True)
+torch.library.register_fake("e2eprof::rmsnorm", _rmsnorm_fake, lib=_LIB)
+torch.library.register_fake("e2eprof::rmsnorm_backward", _rmsnorm_backward_fake, lib=_LIB)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
