@@ -26,7 +26,7 @@ import pandas as pd
 
 from e2eprof import startup
 from e2eprof.tables import reports
-from e2eprof.harness import isolation
+from e2eprof.harness import compile_cache, isolation
 from e2eprof.harness import worker_output
 from e2eprof.analysis import explain
 from e2eprof.trackers import telemetry
@@ -169,7 +169,8 @@ def new_run_row(config: CompareConfig, loaded: LoadedPatch, **extra) -> dict:
         "command_line": config.command_line, "config_json": reports.to_json(config.to_record()),
         "environment_json": reports.to_json(capture_environment(config.device)), "patch_spec": config.patch,
         "patch_origin": loaded.origin, "patch_source_sha256": loaded.source_hash, "seed": config.seed,
-        "batch_digest": None, "started_unix_ns": time.time_ns(), "ended_unix_ns": None, "failure": None, **extra,
+        "batch_digest": None, "started_unix_ns": time.time_ns(), "ended_unix_ns": None, "failure": None,
+        **compile_cache.describe(), **extra,
     }
 
 

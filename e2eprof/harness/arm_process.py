@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
-from e2eprof.harness import isolation
+from e2eprof.harness import compile_cache, isolation
 from e2eprof.harness import worker_output
 from e2eprof.harness.protocol import Command, WorkerSetup
 
@@ -38,8 +38,9 @@ class ArmProcess:
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(target=_run_worker, args=(child_conn, setup), name=f"e2eprof-{setup.arm.key}", daemon=True)
         # Its stderr goes through the parent's filter (third-party chatter out); its OpenMP settings must be in its
-        # environment before it loads torch.
-        with worker_output.relayed(), isolation.environment(setup.placement.environment()):
+        # environment before it loads torch, and so must the run's one compile-cache folder.
+        variables = {**compile_cache.environment(), **setup.placement.environment()}
+        with worker_output.relayed(), isolation.environment(variables):
             self._process.start()
         child_conn.close()
         self.failed: ArmFailed | None = None

@@ -147,6 +147,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         _opt("telemetry_json", "str", "the sampler's interval, source and counts, JSON"),
         _opt("points_json", "str", "every point of the run (also those where nothing ran), JSON"),
         _opt("isolation_json", "str", "process isolation settings (CPU pinning, priorities), JSON"),
+        _opt("compile_cache_dir", "str", "the compile-cache folder every worker shared (null: torch's defaults)"),
+        _opt("compile_cache_warm", "bool", "whether that folder already held compiled artifacts as the run began"),
         _opt("sites_json", "str", "where the patch replaced code and how often, JSON"),
         _opt("ranks_json", "str", "data-parallel ranks and their devices, JSON"),
         _opt("resume_json", "str", "finished units and their timing/profile state, for --resume, JSON"),
@@ -234,6 +236,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         _c("autotune_runs", "float64", "Triton autotuning runs"),
         _c("compile_graphs", "float64", "torch.compile graphs compiled"),
         _c("graph_captures", "float64", "CUDA graphs captured"),
+        _opt("fxgraph_cache_hits", "float64", "Inductor graphs loaded from the FX graph cache"),
+        _opt("fxgraph_cache_misses", "float64", "Inductor graphs compiled and added to the FX graph cache"),
         _opt("batch"), _opt("seq"), _opt("precision"),
     )),
     Table("ops", "per-op rows of the profiled steps (torch.profiler), per arm and rank", (

@@ -12,6 +12,8 @@ What is counted, and how:
   compiled by Inductor and counted under compile_graphs instead. None where the hook does not exist.
 - autotune_runs: Triton autotuners that had to benchmark their configs (a new tuning key).
 - compile_graphs: graphs torch.compile (Dynamo) compiled, recompilations included.
+- fxgraph_cache_hits / fxgraph_cache_misses: Inductor graphs loaded from / added to the FX graph cache
+  (e2eprof.harness.compile_cache): a cold step with hits and no misses loaded its compilation from disk.
 - graph_captures: CUDA graph captures (torch.cuda.CUDAGraph.capture_begin): the decode workload's own and those of
   torch.compile's mode="reduce-overhead".
 """
@@ -20,7 +22,8 @@ from __future__ import annotations
 
 import threading
 
-COUNTS = ("triton_compiles", "autotune_runs", "compile_graphs", "graph_captures")
+COUNTS = ("triton_compiles", "autotune_runs", "compile_graphs", "graph_captures", "fxgraph_cache_hits",
+          "fxgraph_cache_misses")
 
 _lock = threading.Lock()
 _counts = {"triton_compiles": 0, "autotune_runs": 0, "graph_captures": 0}
@@ -45,7 +48,7 @@ def snapshot() -> dict[str, float]:
     totals: dict[str, float] = dict(_counts)
     if not _triton_hooked:
         totals["triton_compiles"] = float("nan")
-    totals["compile_graphs"] = _dynamo_graphs()
+    totals.update(_dynamo_counts())
     return totals
 
 
@@ -109,11 +112,13 @@ def _hook_graph_capture() -> None:
     graph_class.capture_begin = capture_begin
 
 
-def _dynamo_graphs() -> float:
+def _dynamo_counts() -> dict[str, float]:
     import sys
 
     if "torch._dynamo" not in sys.modules:  # nothing was ever compiled in this process
-        return 0.0
+        return {"compile_graphs": 0.0, "fxgraph_cache_hits": 0.0, "fxgraph_cache_misses": 0.0}
     from torch._dynamo.utils import counters
 
-    return float(counters["stats"]["unique_graphs"])
+    return {"compile_graphs": float(counters["stats"]["unique_graphs"]),
+            "fxgraph_cache_hits": float(counters["inductor"]["fxgraph_cache_hit"]),
+            "fxgraph_cache_misses": float(counters["inductor"]["fxgraph_cache_miss"])}

@@ -1,0 +1,57 @@
+"""The run's compile-cache folder: where it is, how it is turned off, and that a second process loads what the first
+compiled (a repeat run, the compile arm's second replica), counted in jit_events."""
+
+import json
+import os
+import subprocess
+import sys
+
+from e2eprof.harness import compile_cache
+
+PROGRAM = """
+import json, torch
+from e2eprof.trackers import jit_events
+jit_events.install()
+f = torch.compile(lambda x: torch.softmax(x * 2.0, dim=-1) + 1.0)
+f(torch.randn(4, 8))
+print(json.dumps(jit_events.snapshot()))
+"""
+
+
+def _compile_in_fresh_process(env: dict) -> dict:
+    done = subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_folder_follows_the_variable_and_can_be_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setenv(compile_cache.VARIABLE, str(tmp_path / "mine"))
+    assert compile_cache.folder() == tmp_path / "mine"
+    assert compile_cache.environment()["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path / "mine"))
+    assert compile_cache.describe() == {"compile_cache_dir": str(tmp_path / "mine"), "compile_cache_warm": False}
+    (tmp_path / "mine" / "inductor").mkdir()
+    (tmp_path / "mine" / "inductor" / "artifact").write_text("x")
+    assert compile_cache.describe()["compile_cache_warm"] is True
+    monkeypatch.setenv(compile_cache.VARIABLE, "off")
+    assert compile_cache.folder() is None and compile_cache.environment() == {}
+    monkeypatch.delenv(compile_cache.VARIABLE)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert compile_cache.folder() == tmp_path / "xdg" / "e2eprof" / "compile"
+
+
+def test_a_users_own_inductor_folder_wins(tmp_path, monkeypatch):
+    monkeypatch.setenv(compile_cache.VARIABLE, str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "users"))
+    assert "TORCHINDUCTOR_CACHE_DIR" not in compile_cache.environment()
+
+
+def test_second_process_loads_the_first_ones_compilation(tmp_path, monkeypatch):
+    monkeypatch.setenv(compile_cache.VARIABLE, str(tmp_path / "cache"))
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    env = {**os.environ, **compile_cache.environment(), "PYTHONPATH": os.getcwd()}
+    first = _compile_in_fresh_process(env)
+    assert first["fxgraph_cache_misses"] >= 1 and first["fxgraph_cache_hits"] == 0
+    assert compile_cache.describe()["compile_cache_warm"] is True
+    second = _compile_in_fresh_process(env)
+    assert second["fxgraph_cache_hits"] >= 1 and second["fxgraph_cache_misses"] == 0
