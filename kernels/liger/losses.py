@@ -4,10 +4,12 @@ liger-cross-entropy replaces `nn.functional.cross_entropy` as transformers' loss
 and masked-LM losses of GPT-2, Llama and BERT). Liger's kernel writes the gradient into the logits in place during
 the forward: the gate's input_mutated check reports that, by design.
 
-liger-flce (Llama) and liger-flce-gpt2 replace the causal-LM head: in training with labels, the last hidden states
+liger-flce (Llama) and liger-flce-gpt2 replace the causal-LM head: with labels and gradients on, the last hidden states
 and lm_head's weight go straight into Liger's FLCE, chunk by chunk, so the (B, T, V) logits are never materialised
 (Liger's memory claim). The model then returns the loss but no logits (omitted_outputs): the gate compares the loss
-and every gradient. Outside training, or without labels, the stock forward runs: the patch is training-only.
+and every gradient. Under no_grad (inference), or without labels, the stock forward runs: the patch is training-only.
+Gradient mode decides, not module.training: e2eprof's gradient capture runs the training step in eval mode (no
+dropout), and that capture must go through FLCE like the timed steps do.
 """
 
 from __future__ import annotations
@@ -43,10 +45,10 @@ _HEAD_ONLY = ("self", "labels", "logits_to_keep", "return_dict", "kwargs")
 
 
 def _flce_forward(model, stock_forward, base: torch.nn.Module, args: tuple, kwargs: dict):
-    """Training with labels: base model, then Liger's FLCE on the hidden states; otherwise the stock forward."""
+    """Labels and gradients on: base model, then Liger's FLCE on the hidden states; otherwise the stock forward."""
     bound = inspect.signature(stock_forward).bind(model, *args, **kwargs)
     labels = bound.arguments.get("labels")
-    if not (model.training and labels is not None):
+    if labels is None or not torch.is_grad_enabled():
         return stock_forward(model, *args, **kwargs)
     inputs = {k: v for k, v in bound.arguments.items() if k not in _HEAD_ONLY and v is not None}
     inputs.update(bound.arguments.get("kwargs", {}))
