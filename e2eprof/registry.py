@@ -48,7 +48,10 @@ ENTRY_POINT_GROUP = "e2eprof.patches"
 
 def liger_available() -> bool:
     """Whether liger_kernel is installed (found without importing it: importing it loads Triton)."""
-    return importlib.util.find_spec("liger_kernel") is not None
+    try:
+        return importlib.util.find_spec("liger_kernel") is not None
+    except (ImportError, ValueError):  # blocked (sys.modules entry None) or a broken parent: not usable
+        return False
 
 
 def builtin_patches() -> dict[str, str]:

@@ -28,8 +28,14 @@ def liger_softmax_like_torch(input: torch.Tensor, dim: int | None = None, _stack
     return liger_softmax(x.contiguous()).movedim(-1, dim).to(out_dtype)
 
 
-def liger_rope_like_llama(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1):
-    """modeling_llama.apply_rotary_pos_emb's signature, computed by Liger's RoPE kernel."""
+def _rope_arguments(q, k, cos, sin, unsqueeze_dim=1):
+    return q, k, cos, sin, unsqueeze_dim
+
+
+def liger_rope_like_llama(*args, **kwargs):
+    """modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1), computed by Liger's RoPE kernel. The stock
+    name is wrapped by transformers' kernel-hub decorator, which takes (*args, **kwargs): so does this."""
+    q, k, cos, sin, unsqueeze_dim = _rope_arguments(*args, **kwargs)
     return liger_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
 

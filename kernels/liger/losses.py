@@ -57,7 +57,7 @@ def _flce_forward(model, stock_forward, base: torch.nn.Module, args: tuple, kwar
     head = model.lm_head
     loss = LigerForCausalLMLoss(hidden, head.weight, labels, model.config.hidden_size,
                                 **({"bias": head.bias} if head.bias is not None else {}))
-    return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=getattr(outputs, "past_key_values", None))
+    return CausalLMOutputWithPast(loss=loss, logits=None)  # a training step: no cache to hand back
 
 
 class LigerFLCELlamaForCausalLM(LlamaForCausalLM):
