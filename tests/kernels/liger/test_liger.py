@@ -211,3 +211,31 @@ def test_liger_cross_entropy_reference_is_fp64_cross_entropy():
     from e2eprof.kernels.liger.losses import cross_entropy_reference
     logits, labels = torch.randn(6, 10, dtype=torch.float64), torch.tensor([1, 2, -100, 3, 4, 5])
     torch.testing.assert_close(cross_entropy_reference(logits, labels), F.cross_entropy(logits, labels))
+
+
+@needs_interpreter
+def test_flce_compare_end_to_end_on_the_cpu(tmp_path):
+    import json
+
+    import pandas as pd
+
+    out = tmp_path / "flce"
+    result = subprocess.run([sys.executable, "-m", "e2eprof", "compare", "--model", "llama-tiny", "--patch", "liger-flce",
+                             "--device", "cpu", "--steps", "6", "--block-steps", "2", "--out", str(out)],
+                            capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            timeout=900)
+    assert result.returncode in (0, 1, 3), result.stderr
+    assert "not running infer, decode" in result.stdout and "x baseline)" in result.stdout
+    correctness = pd.read_parquet(out / "correctness.parquet")
+    patched = correctness[correctness.arm == "patched"]
+    omitted = patched[patched.metric == "omitted_outputs"]
+    assert list(omitted.tensor) == ["logits"] and omitted.passed.all()
+    assert not (patched.metric == "missing_outputs").any()
+    grads = patched[(patched.metric == "rel_error_vs_fp64") & patched.tensor.str.startswith("grad/")]
+    assert len(grads) > 1 and grads.passed.all()
+    assert patched[patched.tensor == "loss"].passed.all()
+    summary = pd.read_parquet(out / "summary.parquet")
+    assert list(summary.workload.unique()) == ["train"]
+    assert summary.set_index("arm").loc["patched", "peak_memory_vs_baseline"] > 0
+    env = json.loads(pd.read_parquet(out / "run.parquet").environment_json.iloc[0])
+    assert env["liger_kernel"] == importlib.metadata.version("liger-kernel")
