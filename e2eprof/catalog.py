@@ -6,7 +6,8 @@ One source for `e2eprof list` and the command line's --help, read without import
 from __future__ import annotations
 
 from e2eprof.config import KNOWN_WORKLOADS, PRECISIONS, REFERENCE_ARMS
-from e2eprof.registry import BUILTIN_PATCHES, _entry_points
+from e2eprof.registry import _entry_points
+from e2eprof.registry import builtin_patches as _builtin_patches
 from e2eprof.workloads.presets import PRESETS
 
 
@@ -19,7 +20,7 @@ def workloads() -> tuple[str, ...]:
 
 
 def builtin_patches() -> tuple[str, ...]:
-    return tuple(BUILTIN_PATCHES)
+    return tuple(_builtin_patches())
 
 
 def installed_patches() -> tuple[str, ...]:

@@ -202,7 +202,9 @@ def _print_memory(console: Console, rows: pd.DataFrame) -> None:
     for r in rows.itertuples():
         device = (f"{r.peak_alloc_mb:.0f}/{r.peak_reserved_mb:.0f} MB device (alloc/reserved), "
                   if not pd.isna(getattr(r, "peak_alloc_mb", math.nan)) else "")
-        parts.append(f"{r.arm} {device}{_fmt(r.host_peak_rss_mb, '.0f')} MB host")
+        ratio = getattr(r, "peak_memory_vs_baseline", math.nan)
+        versus = f" ({ratio:.2f}x baseline)" if r.arm != "baseline" and not pd.isna(ratio) else ""
+        parts.append(f"{r.arm} {device}{_fmt(r.host_peak_rss_mb, '.0f')} MB host{versus}")
     console.print("  peak memory: " + "; ".join(parts))
 
 

@@ -60,6 +60,7 @@ def capture_environment(device: str) -> dict:
         "torch_cuda": torch.version.cuda,
         "transformers": _version("transformers"),
         "triton": _version("triton"),
+        "liger_kernel": _version("liger-kernel"),
         "e2eprof": _version("e2eprof"),
         "numpy": _version("numpy"),
         "torch_threads": torch.get_num_threads(),

@@ -58,6 +58,12 @@ class Patch:
         to overflow, row offsets, outlier channels, extremes, denormals, constant rows), "softmax" (also fully masked
         rows and NaN/Inf at masked places), "none", or a function of a call's (args, kwargs) yielding
         (name, args, kwargs) points of its own.
+    workloads: the workloads the patch applies to (e.g. ("train",) for a loss the model only computes in training);
+        empty means every workload.
+    omitted_outputs: outputs of the replaced code the replacement does not return, by design (a fused linear cross
+        entropy returns the loss but never the logits): the gate compares everything else instead of failing.
+    requires_triton: the replacement has no CPU path, only Triton kernels: on a CPU device it runs only under the
+        Triton interpreter (TRITON_INTERPRET=1), so a run without it is refused before measuring.
     """
 
     name: str
@@ -72,6 +78,9 @@ class Patch:
     tolerances: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
     error_factor: float = DEFAULT_ERROR_FACTOR
     domain: str | Callable = "any"
+    workloads: tuple[str, ...] = ()
+    omitted_outputs: tuple[str, ...] = ()
+    requires_triton: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
@@ -92,6 +101,9 @@ class Patch:
             raise ValueError(f"patch {self.name}: domain must be 'any', 'softmax', 'none' or a function, got {self.domain!r}")
         object.__setattr__(self, "architectures", tuple(self.architectures))
         object.__setattr__(self, "kernel_names", tuple(self.kernel_names))
+        for name in ("workloads", "omitted_outputs"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
 
     @property
     def model_attention(self) -> str:

@@ -32,7 +32,31 @@ BUILTIN_PATCHES = {
     "rmsnorm": "e2eprof.kernels.rmsnorm.patch:PATCH",
     "swiglu": "e2eprof.kernels.swiglu.patch:PATCH",
 }
+# Liger-Kernel's kernels (the optional extra e2eprof[liger]): built-in names only where liger_kernel is installed.
+LIGER_PATCHES = {
+    "liger-rmsnorm": "e2eprof.kernels.liger.norms:RMSNORM",
+    "liger-layernorm": "e2eprof.kernels.liger.norms:LAYERNORM",
+    "liger-swiglu": "e2eprof.kernels.liger.norms:SWIGLU",
+    "liger-softmax": "e2eprof.kernels.liger.attention:SOFTMAX",
+    "liger-rope": "e2eprof.kernels.liger.attention:ROPE",
+    "liger-cross-entropy": "e2eprof.kernels.liger.losses:CROSS_ENTROPY",
+    "liger-flce": "e2eprof.kernels.liger.losses:FLCE",
+    "liger-flce-gpt2": "e2eprof.kernels.liger.losses:FLCE_GPT2",
+}
 ENTRY_POINT_GROUP = "e2eprof.patches"
+
+
+def liger_available() -> bool:
+    """Whether liger_kernel is installed (found without importing it: importing it loads Triton)."""
+    try:
+        return importlib.util.find_spec("liger_kernel") is not None
+    except (ImportError, ValueError):  # blocked (sys.modules entry None) or a broken parent: not usable
+        return False
+
+
+def builtin_patches() -> dict[str, str]:
+    """Built-in names -> "module:ATTR", the Liger ones included when liger_kernel is installed."""
+    return {**BUILTIN_PATCHES, **(LIGER_PATCHES if liger_available() else {})}
 NATIVE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp")
 
 
@@ -51,7 +75,7 @@ def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
 
 
 def known_patch_names() -> list[str]:
-    return sorted(set(BUILTIN_PATCHES) | set(_entry_points()))
+    return sorted(set(builtin_patches()) | set(_entry_points()))
 
 
 def source_hash(patch: Patch) -> str:
@@ -129,8 +153,11 @@ def _import_attr(module_name: str, attr: str | None, spec: str) -> list[Patch] |
 
 def load_patch(spec: str) -> LoadedPatch:
     """Resolve a patch spec (see module docstring); raise PatchError with a one-line reason on failure."""
-    if spec in BUILTIN_PATCHES:
-        module_name, _, attr = BUILTIN_PATCHES[spec].partition(":")
+    if spec in LIGER_PATCHES and not liger_available():
+        raise PatchError(f"patch '{spec}' needs Liger-Kernel: pip install e2eprof[liger]")
+    builtins = builtin_patches()
+    if spec in builtins:
+        module_name, _, attr = builtins[spec].partition(":")
         patch = _import_attr(module_name, attr, spec)
         return LoadedPatch(patch, spec, "builtin", source_hash(patch))
     file_part, _, name = spec.partition(".py:") if ".py:" in spec else (spec, "", "")

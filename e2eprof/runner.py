@@ -32,7 +32,7 @@ from e2eprof.analysis import explain
 from e2eprof.trackers import telemetry
 from e2eprof import resume as resume_run
 from e2eprof.harness.arm_process import ArmProcess
-from e2eprof.config import AA_ARM, CompareConfig, default_out_dir
+from e2eprof.config import AA_ARM, DEFAULT_WORKLOADS, CompareConfig, default_out_dir
 from e2eprof.distributed import ranks as dp
 from e2eprof.distributed.launch import start_arm
 from e2eprof.distributed.telemetry import open_rank_samplers
@@ -42,6 +42,7 @@ from e2eprof.harness.pool import broadcast
 from e2eprof.harness.state import Events, RunState
 from e2eprof.harness.unit import Unit
 from e2eprof.patching import check_model_fits
+from e2eprof.patching.scope import check_device, fit_workloads
 from e2eprof.phases.gate import correctness_gate, diagnose_failure, revalidate, trained_like_check
 from e2eprof.phases.profile import profile_arms, profile_steps_for
 from e2eprof.phases.proof import kernel_ran_rows, thread_rows
@@ -159,6 +160,7 @@ def check_before_measuring(config: CompareConfig, workloads) -> tuple[LoadedPatc
     loaded = load_patch(config.patch)
     attn = loaded.patch.model_attention
     check_model_fits(loaded.patch, source.architecture, attn)
+    check_device(loaded.patch, config.device)
     return loaded, attn
 
 
@@ -200,6 +202,10 @@ def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = Fa
     if config.find_max_batch:
         raise UsageError("find_max_batch: this searches batch sizes instead of comparing; call e2eprof.maxbatch.find_max_batch")
     loaded, attn = check_before_measuring(config, config.workloads)
+    workloads, note = fit_workloads(loaded.patch, config.workloads, defaulted=config.workloads == DEFAULT_WORKLOADS)
+    if note:
+        config = replace(config, workloads=workloads)
+        events("phase", name=note)
     prior = resume_run.load(config, loaded.source_hash) if resume else None
     if prior is not None and prior.complete:
         summary = reports.read_table(prior.out_dir, "summary")

@@ -210,7 +210,9 @@ class TrainWorkload(Workload):
                 # fp16: scale like the training step does, or small gradients flush to zero in half precision.
                 scale = float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
                 (out.loss * scale).backward()
-                result = {"loss": self._out(out.loss), "logits": self._logits_out(out.logits)}
+                result = {"loss": self._out(out.loss)}
+                if out.logits is not None:  # a fused loss head (liger-flce) returns the loss without any logits
+                    result["logits"] = self._logits_out(out.logits)
                 for n, p in self.params:
                     # A parameter the loss does not reach reports zeros, so every arm has the same keys.
                     g = p.grad if p.grad is not None else torch.zeros_like(p)

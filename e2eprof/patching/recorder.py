@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -105,9 +105,11 @@ class CallRecorder:
         if mutated and not self._stock_mutates(args, kwargs, before):
             check.add_finding("input_mutated", f"tensor argument(s) {mutated} changed by the call")
         with torch.no_grad():
-            stock, reference = self._expected(args, kwargs)
+            # A call that changed its inputs leaves the stock op nothing fair to run on: it gets copies of the
+            # inputs as they were before the call.
+            stock, reference = self._expected(*((args, kwargs) if not mutated else _refill(args, kwargs, self.skip, before)))
             self._compare(check, out, stock, reference)
-            findings = layout_findings(out, stock)
+            findings = self._layout(out, stock)
             for metric, detail in findings.items():
                 check.add_finding(metric, detail)
             self._check_repeatable(check, args, kwargs, out, before)
@@ -130,14 +132,36 @@ class CallRecorder:
         """(stock output, fp64 reference) for these arguments."""
         stock = self.original(*args, **kwargs)  # under the caller's autocast state: exact stock semantics
         if self.patch.reference is not None:
-            device_type = stock.device.type if isinstance(stock, torch.Tensor) else "cpu"
+            # The inputs' device, not the output's: a tuple or model output has none, and autocast must be off there.
+            device_type = next((t.device.type for t in tensor_inputs(args[self.skip:], kwargs)), "cpu")
             with torch.autocast(device_type, enabled=False):
                 reference = self.patch.reference(*[to_float64(a) for a in args], **{k: to_float64(v) for k, v in kwargs.items()})
         else:
-            reference = stock.double() if isinstance(stock, torch.Tensor) else stock
+            reference = _doubled(stock)
         return stock, reference
 
+    def _fields(self, out, stock: Mapping, reference) -> tuple[list, list, list]:
+        """A model output (loss, logits, ...) as parallel lists of its tensor fields, leaving out the fields the patch
+        declares it omits (Patch.omitted_outputs) where the patched output indeed has none."""
+        keys = [k for k, v in stock.items() if isinstance(v, torch.Tensor)
+                and not (k in self.patch.omitted_outputs and _field(out, k) is None)]
+        return [_field(out, k) for k in keys], [stock[k] for k in keys], [_field(reference, k) for k in keys]
+
+    def _layout(self, out, stock) -> dict[str, str]:
+        if isinstance(stock, Mapping):
+            outs, stocks, _ = self._fields(out, stock, None)
+            return layout_findings(outs, stocks)
+        return layout_findings(out, stock)
+
     def _agreement(self, out, stock, reference):
+        if isinstance(stock, Mapping):
+            outs, stocks, refs = self._fields(out, stock, reference)
+            missing = [k for k, o in zip((k for k, v in stock.items() if isinstance(v, torch.Tensor)), outs)
+                       if not isinstance(o, torch.Tensor)]
+            if missing:
+                return Agreement(False, math.inf, math.nan, 0.0, [f"output has no {', '.join(missing)} (the stock "
+                                                                  f"output does; the patch does not declare it omitted)"])
+            return self._tuple_agreement(outs, stocks, refs)
         items = tensor_items(stock)
         if items is not None:
             return self._tuple_agreement(out, items, tensor_items(reference))
@@ -230,7 +254,7 @@ class CallRecorder:
                 check.add_finding("unseen_shape", f"{where}: raised {type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
                                                   " where the stock op works")
                 continue
-            problems = [f"{metric}: {detail}" for metric, detail in layout_findings(out, stock).items()]
+            problems = [f"{metric}: {detail}" for metric, detail in self._layout(out, stock).items()]
             if not problems:  # values only where the layout matches (a shape mismatch cannot be compared)
                 problems = self._agreement(out, stock, reference).problems
             if problems:
@@ -289,3 +313,23 @@ class CallRecorder:
             for problem in result.problems:
                 if problem not in check.problems:
                     check.problems.append(problem)
+
+
+def _field(value, key: str):
+    return value.get(key) if isinstance(value, Mapping) else None
+
+
+def _doubled(value):
+    """The stock output as its own fp64 reference (a patch without one); a model output field by field."""
+    if isinstance(value, torch.Tensor):
+        return value.double()
+    if isinstance(value, Mapping):
+        return {k: _doubled(v) for k, v in value.items()}
+    return value
+
+
+def _refill(args: tuple, kwargs: dict, skip: int, tensors: list[torch.Tensor]) -> tuple[tuple, dict]:
+    """args and kwargs with their top-level tensors replaced by clones of `tensors` (tensor_inputs' order)."""
+    feed = iter([t.clone() for t in tensors])
+    return (map_tensors(args, skip, lambda _: next(feed)),
+            {k: next(feed) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})

@@ -316,6 +316,7 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         _opt("slowest_rank", "int64", "rank with the slowest median step"),
         _opt("comm_share", "float64", "share of the step spent in collectives"),
         _opt("peak_alloc_mb"), _opt("peak_reserved_mb"), _opt("host_peak_rss_mb"),
+        _opt("peak_memory_vs_baseline", "float64", "timed-phase peak / the baseline's (device allocated, else host RSS)"),
         _opt("process_noise"),
         _opt("process_noise_floor", "float64", "configured floor of the process noise"),
         _opt("process_noise_estimate", "float64", "process noise estimated from the replicas"),
