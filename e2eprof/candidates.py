@@ -161,12 +161,12 @@ def _sites(patch) -> dict[int, str]:
 
 def shared_site(patches) -> str | None:
     """The first site two of the patches both replace ("a and b both replace X"), or None."""
-    seen: dict[int, tuple[str, str]] = {}
-    for patch in patches:
+    seen: dict[int, tuple[int, str]] = {}  # site -> (which patch, its name); one patch may reach a site twice
+    for index, patch in enumerate(patches):
         for key, target in _sites(patch).items():
-            if key in seen and seen[key][0] != patch.name:
-                return f"{seen[key][0]} and {patch.name} both replace {target.split(':', 1)[1]}"
-            seen.setdefault(key, (patch.name, target))
+            if key in seen and seen[key][0] != index:
+                return f"{seen[key][1]} and {patch.name} both replace {target.split(':', 1)[1]}"
+            seen.setdefault(key, (index, patch.name))
     return None
 
 

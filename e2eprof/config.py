@@ -141,6 +141,9 @@ class CompareConfig:
                 object.__setattr__(self, "patch", ",".join(self.candidates))
             else:
                 object.__setattr__(self, "patch", self.candidates[0])
+        elif self.patch:
+            from e2eprof.candidates import check_specs
+            check_specs((self.patch,), aa=self.aa)  # a stack of one --patch: no patch twice
         if not self.patch:
             raise UsageError("--patch: must name a patch")
         # A single name is one workload (tuple('train') would be five one-letter ones).

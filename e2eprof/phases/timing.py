@@ -54,10 +54,11 @@ def stop_reason(config, state, workload: str, blocks: int, elapsed: float) -> st
     if config.budget_seconds <= 0:
         return "fixed steps"
     # Several candidates: the one still measured whose interval is widest decides (the last to settle).
-    candidates = [c for c in arm_names(config) if c not in state.arm_failures and (c, workload) not in state.out_of_memory]
+    candidates = [c for c in arm_names(config) if c not in state.arm_failures]
     if not candidates or "baseline" in state.arm_failures:
         return "arm failed"
-    if ("baseline", workload) in state.out_of_memory:
+    candidates = [c for c in candidates if (c, workload) not in state.out_of_memory]
+    if not candidates or ("baseline", workload) in state.out_of_memory:
         return "out of memory"
     here = state.point.id  # rows of earlier points carry their own id; this point's may not be stamped yet
     warm = dp.slowest_rank([s for s in state.steps if s["workload"] == workload and s["phase"] == "warm"
