@@ -255,3 +255,17 @@ def test_the_run_verdict_over_candidates(verdicts, expected):
 
 def test_one_candidate_keeps_the_worst_verdict():
     assert cand.run_verdict(config("fastgelu"), {"train": v(PASS), "infer": v(FAIL, "SLOWER")}) == FAIL
+
+
+def test_the_report_shows_each_candidate_and_the_ranking(three):
+    _, out = three
+    result = subprocess.run([sys.executable, "-m", "e2eprof", "report", str(out)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = (out / "report.md").read_text()
+    judged = table(out, "summary").dropna(subset=["verdict"])
+    for arm, verdict in zip(judged.arm, judged.verdict):
+        assert f"| infer ({arm}) | **{verdict}** |" in text
+    assert "## Candidates" in text and text.count(" vs ") >= len(table(out, "pairwise"))
+    code = EXIT_CODES[table(out, "run").verdict.iloc[0]]
+    assert f"(exit code {code}; FAIL if any candidate is broken, else the best candidate's)" in text
