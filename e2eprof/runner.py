@@ -396,7 +396,7 @@ def _flag_implausible(summary: list[dict], verdicts: dict, config: CompareConfig
     for row in summary:
         if row.get("cause") != "implausible" or row.get("verdict") is None:
             continue
-        key = verdict_key(config, points[row["point"]], row["workload"])
+        key = verdict_key(config, points[row["point"]], row["workload"], row["arm"])
         sure = row["ci_low"] if math.isfinite(row.get("ci_low", math.nan)) else row["speedup_vs_baseline"]
         detail = (f"the step gained at least {sure:.3f}x, but the replaced region ({row['replaced_share']:.1%} of the "
                   f"baseline step) allows at most {row['amdahl_bound']:.3f}x: work skipped or moved off the clock, "
