@@ -248,14 +248,17 @@ def print_sweep(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir
     points = list(dict.fromkeys(summary["point"]))
     workloads = list(dict.fromkeys(summary["workload"]))
     name = judged["arm"].iloc[0] if len(judged) else "patched"
-    table = Table(title=f"{name} vs baseline per point", title_justify="left")
+    # Several candidates: a column per (workload, candidate).
+    columns = [(w, a) for w in workloads for a in dict.fromkeys(judged[judged["workload"] == w]["arm"])]
+    several = len(columns) > len(workloads)
+    table = Table(title=f"{'candidates' if several else name} vs baseline per point", title_justify="left")
     table.add_column("point", justify="left")
-    for workload in workloads:
-        table.add_column(workload, justify="right")
+    for workload, arm in columns:
+        table.add_column(f"{workload} {arm}" if several else workload, justify="right")
     for point in points:
         cells = []
-        for workload in workloads:
-            found = judged[(judged["point"] == point) & (judged["workload"] == workload)]
+        for workload, arm in columns:
+            found = judged[(judged["point"] == point) & (judged["workload"] == workload) & (judged["arm"] == arm)]
             cells.append(_cell(found.iloc[0] if len(found) else None))
         table.add_row(point, *cells)
     console.print(table)
@@ -276,10 +279,11 @@ def print_sweep(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir
             if parts:
                 console.print(f"  {point}: " + "; ".join(parts))
     overall = [v.verdict for v in verdicts.values()]
-    if overall:
+    if overall and not several:  # several candidates: the ranking below and the last line say the run's verdict
         from e2eprof.analysis.verdict import worst
 
         verdict = worst(overall)
         counts = ", ".join(f"{overall.count(v)} {v}" for v in ("PASS", "INCONCLUSIVE", "FAIL") if overall.count(v))
         console.print(f"overall: [{VERDICT_STYLE[verdict]}]{verdict}[/] (worst of {len(overall)} point/workload verdicts: {counts})")
+    _print_ranking(console, summary, run_dir)
     console.print(f"report: {run_dir}")
