@@ -106,7 +106,7 @@ OUT_HELP = "Report directory (default: e2eprof-runs/<UTC time>-<model>-<patch>/ 
 @app.command()
 def compare(
     model: Annotated[str, typer.Option(help=MODEL_HELP)] = "gpt2",
-    patch: Annotated[str, typer.Option(help=PATCH_HELP)] = "fastsoftmax",
+    patch: Annotated[Optional[list[str]], typer.Option(help=PATCH_HELP + " Repeat it to compare several candidates in one run (each its own arm, one baseline, ranked); a+b stacks patches of different sites in one arm (default: fastsoftmax).")] = None,
     workload: Annotated[Optional[list[str]], typer.Option(help=WORKLOAD_HELP + f" decode: static KV cache, one-token step in a CUDA graph, as served; generate: Hugging Face's dynamic cache (default: {','.join(DEFAULT_WORKLOADS)})")] = None,
     device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "auto",
     batch: Annotated[Optional[str], typer.Option(help=BATCH_HELP)] = None,
@@ -139,8 +139,9 @@ def compare(
 ) -> int:
     """Time baseline, patched and stock-reference arms of a model's real loops; check correctness; sign off."""
     references = _split(reference)
+    patches = patch or ["fastsoftmax"]
     config = _config(
-        policy, model=model, patch=patch, device=device,
+        policy, model=model, patch=patches[0], candidates=tuple(patches) if len(patches) > 1 else None, device=device,
         workloads=_split(workload) or (("train-ddp",) if nproc > 1 or nnodes > 1 else DEFAULT_WORKLOADS),
         batch=_values("--batch", batch, int), seq=_values("--seq", seq, int), steps=steps, block_steps=block_steps,
         precision=_values("--dtype", dtype), new_tokens=new_tokens, seed=seed, find_max_batch=find_max_batch,

@@ -124,10 +124,26 @@ class CompareConfig:
     rdzv_endpoint: str | None = None
     isolate: str | tuple[str, ...] | None = None  # worker isolation parts (e2eprof.harness.isolation); None: all of them
     extra: dict = field(default_factory=dict)
+    # Several --patch options: each spec (a patch, or "a+b" stacked in one arm) is a candidate arm of its own,
+    # judged against the one baseline and against each other (e2eprof.candidates). Empty: `patch` is the only one.
+    candidates: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.model:
             raise UsageError("--model: must name a preset or a folder")
+        if self.candidates:
+            from e2eprof.candidates import check_specs
+            object.__setattr__(self, "candidates", check_specs(self.candidates, aa=self.aa))
+            if len(self.candidates) > 1 and (self.microbench or self.find_max_batch):
+                raise UsageError("--patch: several candidates cannot be combined with --microbench or --find-max-batch; "
+                                 "run those for one patch")
+            if len(self.candidates) > 1:  # what names the run (its folder, run.parquet's patch_spec)
+                object.__setattr__(self, "patch", ",".join(self.candidates))
+            else:
+                object.__setattr__(self, "patch", self.candidates[0])
+        elif self.patch:
+            from e2eprof.candidates import check_specs
+            check_specs((self.patch,), aa=self.aa)  # a stack of one --patch: no patch twice
         if not self.patch:
             raise UsageError("--patch: must name a patch")
         # A single name is one workload (tuple('train') would be five one-letter ones).
@@ -235,6 +251,10 @@ class CompareConfig:
         record["workloads"] = list(self.workloads)
         record["reference_arms"] = list(self.reference_arms)
         record["isolate"] = list(self.isolate)
+        if self.candidates:  # absent in a run of one --patch, as before candidates existed (resume compares records)
+            record["candidates"] = list(self.candidates)
+        else:
+            record.pop("candidates")
         return record
 
 

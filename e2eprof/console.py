@@ -161,11 +161,35 @@ def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_d
         _print_memory(console, rows)
         _print_ranks(console, rows)
         _print_top_changes(console, run_dir, workload)
-        verdict = verdicts.get(workload)
-        if verdict is not None:
-            console.print(f"  verdict: [{VERDICT_STYLE[verdict.verdict]}]{verdict.verdict}[/] ({', '.join(verdict.reasons)})"
+        # Several candidates: one verdict each, keyed "<candidate>/<workload>".
+        mine = {"": verdicts[workload]} if workload in verdicts else {
+            k.rsplit("/", 1)[0] + " ": v for k, v in verdicts.items() if k.endswith(f"/{workload}")}
+        for who, verdict in mine.items():
+            console.print(f"  verdict {who}: [{VERDICT_STYLE[verdict.verdict]}]{verdict.verdict}[/] ({', '.join(verdict.reasons)})".replace(" :", ":")
                           + (f" — {verdict.advice}" if verdict.advice else ""))
+    _print_ranking(console, summary, run_dir)
     console.print(f"report: {run_dir}")
+
+
+def _print_ranking(console: Console, summary: pd.DataFrame, run_dir) -> None:
+    """Several candidates: their ranking by speedup over the baseline, and the best one that passes."""
+    if "candidate" not in summary or not summary["candidate"].notna().any():
+        return
+    import json
+    from e2eprof.tables import reports
+    try:
+        ranking = json.loads(reports.read_table(run_dir, "run").iloc[0]["candidates_json"])
+    except Exception:  # an unreadable run row: the summary's columns still rank them
+        return
+    shown = [f"{i + 1}. {name} {ranking['gmean'][name]:.3f}x" for i, name in enumerate(ranking["ranking"])]
+    console.print("candidates by speedup over the baseline (geometric mean over workloads): " + ("; ".join(shown) or "none passed its gate"))
+    unranked = [name for name in ranking["gmean"] if name not in ranking["ranking"]]
+    if unranked:
+        console.print("  not ranked (a correctness, proof or arm failure): " + ", ".join(unranked))
+    if ranking["best"]:
+        console.print(f"best candidate: {ranking['best']} ({ranking['lead']})", highlight=False)
+    else:
+        console.print("best candidate: none passes", highlight=False)
 
 
 # What a verdict measured on a CPU is worth, said once at the end of every CPU run.
@@ -226,14 +250,17 @@ def print_sweep(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir
     points = list(dict.fromkeys(summary["point"]))
     workloads = list(dict.fromkeys(summary["workload"]))
     name = judged["arm"].iloc[0] if len(judged) else "patched"
-    table = Table(title=f"{name} vs baseline per point", title_justify="left")
+    # Several candidates: a column per (workload, candidate).
+    columns = [(w, a) for w in workloads for a in dict.fromkeys(judged[judged["workload"] == w]["arm"])]
+    several = len(columns) > len(workloads)
+    table = Table(title=f"{'candidates' if several else name} vs baseline per point", title_justify="left")
     table.add_column("point", justify="left")
-    for workload in workloads:
-        table.add_column(workload, justify="right")
+    for workload, arm in columns:
+        table.add_column(f"{workload} {arm}" if several else workload, justify="right")
     for point in points:
         cells = []
-        for workload in workloads:
-            found = judged[(judged["point"] == point) & (judged["workload"] == workload)]
+        for workload, arm in columns:
+            found = judged[(judged["point"] == point) & (judged["workload"] == workload) & (judged["arm"] == arm)]
             cells.append(_cell(found.iloc[0] if len(found) else None))
         table.add_row(point, *cells)
     console.print(table)
@@ -254,10 +281,11 @@ def print_sweep(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir
             if parts:
                 console.print(f"  {point}: " + "; ".join(parts))
     overall = [v.verdict for v in verdicts.values()]
-    if overall:
+    if overall and not several:  # several candidates: the ranking below and the last line say the run's verdict
         from e2eprof.analysis.verdict import worst
 
         verdict = worst(overall)
         counts = ", ".join(f"{overall.count(v)} {v}" for v in ("PASS", "INCONCLUSIVE", "FAIL") if overall.count(v))
         console.print(f"overall: [{VERDICT_STYLE[verdict]}]{verdict}[/] (worst of {len(overall)} point/workload verdicts: {counts})")
+    _print_ranking(console, summary, run_dir)
     console.print(f"report: {run_dir}")

@@ -27,7 +27,8 @@ from e2eprof.sweep import OOM_METRIC
 IGNORED = {"out", "force", "command_line"}
 # Config field -> the option that sets it, for the refusal message.
 OPTION = {"workloads": "--workload", "precision": "--dtype", "reference_arms": "--reference", "budget_seconds": "--budget",
-          "target_half_width": "--target-ci", "replicas": "--replicas"}
+          "target_half_width": "--target-ci", "replicas": "--replicas",
+          "candidates": "--patch"}
 # Tables whose rows belong to units (point and workload columns); the others are derived again at the end.
 UNIT_TABLES = ("steps", "correctness", "phases", "memory", "jit")
 # A profile's row lists, each written as its own table; resume_json holds the rest of the profile.

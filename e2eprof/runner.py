@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from e2eprof import candidates as cand
 from e2eprof import startup
 from e2eprof.tables import reports
 from e2eprof.harness import compile_cache, isolation
@@ -41,16 +42,15 @@ from e2eprof.errors import RunError, UsageError
 from e2eprof.harness.pool import broadcast
 from e2eprof.harness.state import Events, RunState
 from e2eprof.harness.unit import Unit
-from e2eprof.patching import check_model_fits
 from e2eprof.patching.scope import check_device, fit_workloads
 from e2eprof.phases.gate import correctness_gate, diagnose_failure, revalidate, trained_like_check
 from e2eprof.phases.profile import profile_arms, profile_steps_for
 from e2eprof.phases.proof import kernel_ran_rows, thread_rows
 from e2eprof.phases.timing import candidate_arm, timed_blocks
-from e2eprof.registry import LoadedPatch, load_patch
+from e2eprof.registry import LoadedPatch
 from e2eprof.analysis.summary import attach_memory, summarize, verdict_key
 from e2eprof.sweep import SweepPoint, by_point, is_oom
-from e2eprof.analysis.verdict import EXIT_CODES, Verdict, flag_implausible, worst
+from e2eprof.analysis.verdict import EXIT_CODES, Verdict, flag_implausible
 from e2eprof.harness.protocol import (ArmSpec, Build, Cold, Counters, EndWorkload, JitCounts, MemoryPeaks, Warmup,
                                       WorkerSetup, is_replica)
 from e2eprof.workloads.loops import check_workloads
@@ -124,7 +124,7 @@ def _arms(config: CompareConfig, attn: str) -> list[ArmSpec]:
     arms = [ArmSpec("baseline", attn, False)]
     if config.aa:
         return arms + [ArmSpec(AA_ARM, attn, False)]
-    arms.append(ArmSpec("patched", attn, True))
+    arms += [ArmSpec(name, attn, True) for name in cand.arm_names(config)]  # "patched", or one per candidate
     if "sdpa" in config.reference_arms and attn != "sdpa":
         arms.append(ArmSpec("sdpa", "sdpa", False))
     if "compile" in config.reference_arms:
@@ -139,7 +139,7 @@ def _with_replicas(config: CompareConfig, arms: list[ArmSpec]) -> list[ArmSpec]:
     patched#1, baseline#1 and the next round the reverse: each arm's processes sit symmetric in time.
     Reference arms run once: their intervals against the candidate carry the process noise of one process.
     """
-    compared = {"baseline", candidate_arm(config)}
+    compared = {"baseline", candidate_arm(config), *cand.arm_names(config)}
     extra = [replace(arm, replica=r) for r in range(1, config.replicas) for arm in arms if arm.name in compared]
     return arms + extra[::-1]
 
@@ -157,11 +157,14 @@ def check_before_measuring(config: CompareConfig, workloads) -> tuple[LoadedPatc
             check_workloads(source, workloads, seq)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    loaded = load_patch(config.patch)
-    attn = loaded.patch.model_attention
-    check_model_fits(loaded.patch, source.architecture, attn)
-    check_device(loaded.patch, config.device)
-    return loaded, attn
+    each, attn = cand.load_all(config, source.architecture)  # one per --patch, each checked against the model
+    for one in each:
+        check_device(one.patch, config.device)
+    if len(each) == 1:
+        return each[0], attn
+    # Several: run.parquet's origin and source hash cover every candidate (--resume refuses when any changed).
+    return cand.LoadedStack(each[0].patch, config.patch, ",".join(l.origin for l in each),
+                            ",".join(l.source_hash for l in each), tuple(each)), attn
 
 
 def new_run_row(config: CompareConfig, loaded: LoadedPatch, **extra) -> dict:
@@ -202,10 +205,14 @@ def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = Fa
     if config.find_max_batch:
         raise UsageError("find_max_batch: this searches batch sizes instead of comparing; call e2eprof.maxbatch.find_max_batch")
     loaded, attn = check_before_measuring(config, config.workloads)
-    workloads, note = fit_workloads(loaded.patch, config.workloads, defaulted=config.workloads == DEFAULT_WORKLOADS)
-    if note:
+    workloads, notes = config.workloads, []
+    for one in getattr(loaded, "loaded", ()) or (loaded,):  # every candidate runs on the same workloads
+        workloads, note = fit_workloads(one.patch, workloads, defaulted=config.workloads == DEFAULT_WORKLOADS)
+        notes += [note] if note else []
+    if notes:
         config = replace(config, workloads=workloads)
-        events("phase", name=note)
+        for note in notes:
+            events("phase", name=note)
     prior = resume_run.load(config, loaded.source_hash) if resume else None
     if prior is not None and prior.complete:
         summary = reports.read_table(prior.out_dir, "summary")
@@ -249,7 +256,7 @@ def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = Fa
             for index, point in enumerate(config.points):
                 if config.is_sweep:
                     events("point", point=point, index=index, total=len(config.points))
-                _run_point(config.at(point), point, arms, state, loaded.patch, scratch, events)
+                _run_point(config.at(point), point, arms, state, cand.patches_by_arm(config, loaded), scratch, events)
             if config.microbench:
                 for point in config.points:
                     with state.phase(events, "*", f"microbench {point.id}"):
@@ -262,13 +269,16 @@ def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = Fa
                 if balance:
                     reports.write_table(out_dir, "balance", [r | {"run_id": run_id} for r in balance])
                 steps = state.all_rows("steps")
+                pairwise: list[dict] = []  # several candidates: each pair's interval (analysis.summary)
                 summary, verdicts = summarize(steps, state.all_rows("correctness"), config,
-                                              state.failed_by_point, balance, state.timing, jit=state.all_rows("jit"))
+                                              state.failed_by_point, balance, state.timing, jit=state.all_rows("jit"),
+                                              pairwise=pairwise)
                 _explain_into(summary, state, run_id)
                 dp.attach_rank_columns(summary, steps, state.profiles)
                 _flag_implausible(summary, verdicts, config)
                 attach_memory(summary, state.all_rows("memory"))
-                run_row["verdict"] = worst([v.verdict for v in verdicts.values()])  # the run's: worst over (point, workload)
+                run_row["verdict"] = cand.run_verdict(config, verdicts)  # one candidate: worst over (point, workload)
+                cand.record(summary, pairwise, state, config, run_id)
                 reports.write_table(out_dir, "summary", [r | {"run_id": run_id} for r in summary])
     finally:
         sampler.stop()
@@ -319,7 +329,7 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
         with state.phase(events, "*", "start workers and build models", ", ".join(a.key for a in specs)):
             for index, (arm, placement) in enumerate(zip(specs, placements)):
                 processes[arm.key] = start_arm(WorkerSetup(
-                    arm=arm, model=config.model, patch_spec=config.patch, device=config.device,
+                    arm=arm, model=config.model, patch_spec=cand.spec_of_arm(config, arm.name), device=config.device,
                     precision=config.precision, seed=config.seed, batch=config.batch, seq=config.seq,
                     new_tokens=config.new_tokens, scratch_dir=str(scratch),
                     placement=placement or isolation.Placement()), config.launch, index)
@@ -335,12 +345,12 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
         if state.run_row.get("model_json") is None:
             state.run_row["model_json"] = reports.to_json(builds["baseline"]["model"])
             state.run_row["batch_digest"] = builds["baseline"].get("batch_digest")
-            state.run_row["sites_json"] = reports.to_json(builds.get("patched", {}).get("sites"))
+            state.run_row["sites_json"] = reports.to_json(cand.sites(config, builds))
             # Data-parallel arms: each rank's pid, device and GPU UUID (single-process builds have no "ranks").
             state.run_row["ranks_json"] = reports.to_json({a: b["ranks"] for a, b in builds.items() if "ranks" in b})
         events("built", builds=builds)
         for workload in todo:
-            _run_workload(Unit(config, workload, processes, state, patch, scratch, events))
+            _run_workload(Unit(config, workload, processes, state, next(iter(patch.values())), scratch, events, patch))
             # Peaks per unit, so a finished unit's rows are complete when it is recorded as finished. An arm's
             # replicas hold the same model and batches: its first process speaks for its memory.
             firsts = {k: p for k, p in processes.items() if not is_replica(k)}
@@ -380,7 +390,7 @@ def _explain_into(summary: list[dict], state: RunState, run_id: str) -> None:
             row["idle_share"] = profile["idle_share"]
             row["replaced_ms"] = profile["replaced_device_us"] / 1e3 if profile["device_type"] == "cuda" else profile["replaced_cpu_us"] / 1e3
         base = state.profiles.get((point, row["workload"], "baseline"))
-        if row["arm"] != "patched" or not profile or not base:
+        if row["arm"] != "patched" or not profile or not base:  # several candidates: no explanation (see candidates)
             continue
         result = explain.explain(row["workload"], base, profile, row.get("speedup_vs_baseline", math.nan),
                                  measured_low=row.get("ci_low", math.nan))
@@ -398,7 +408,7 @@ def _flag_implausible(summary: list[dict], verdicts: dict, config: CompareConfig
     for row in summary:
         if row.get("cause") != "implausible" or row.get("verdict") is None:
             continue
-        key = verdict_key(config, points[row["point"]], row["workload"])
+        key = verdict_key(config, points[row["point"]], row["workload"], row["arm"])
         sure = row["ci_low"] if math.isfinite(row.get("ci_low", math.nan)) else row["speedup_vs_baseline"]
         detail = (f"the step gained at least {sure:.3f}x, but the replaced region ({row['replaced_share']:.1%} of the "
                   f"baseline step) allows at most {row['amdahl_bound']:.3f}x: work skipped or moved off the clock, "
@@ -413,7 +423,7 @@ def _run_workload(unit: Unit) -> None:
     config, workload, state = unit.config, unit.workload, unit.state
     before = {a: unit.call(a, Counters()) for a in unit.first()}
     first_step = len(state.steps)  # this workload's steps are state.steps[first_step:]
-    patched_live = "patched" in unit.live()
+    broken_before = [a for a in unit.candidates if a in unit.live()]
 
     with unit.phase("cold step"):
         for arm in unit.live():
@@ -421,8 +431,9 @@ def _run_workload(unit: Unit) -> None:
 
     with unit.phase("correctness"):
         correctness_gate(unit)
-        if patched_live and "patched" not in unit.live():  # failed in its cold step or in the gate's capture
-            diagnose_failure(unit)
+        for arm in broken_before:
+            if arm not in unit.live():  # failed in its cold step or in the gate's capture
+                diagnose_failure(unit, arm)
         trained_like_check(unit)
 
     with unit.phase("warm-up"):

@@ -14,8 +14,9 @@ import math
 import numpy as np
 import pandas as pd
 
+from e2eprof import candidates as cand
 from e2eprof.analysis import stats
-from e2eprof.config import AA_ARM, DECODING_WORKLOADS, CompareConfig
+from e2eprof.config import DECODING_WORKLOADS, CompareConfig
 from e2eprof.distributed.ranks import slowest_rank
 from e2eprof.sweep import OOM_METRIC, OUT_OF_MEMORY, SweepPoint
 from e2eprof.trackers.jit_events import COUNTS as COUNTED_JIT
@@ -37,9 +38,10 @@ def _at(frame: pd.DataFrame, point: SweepPoint) -> pd.DataFrame:
     return frame[frame["point"] == point.id] if len(frame) and "point" in frame else frame
 
 
-def verdict_key(config: CompareConfig, point: SweepPoint, workload: str) -> str:
-    """The workload's name, or "<point>/<workload>" in a sweep."""
-    return f"{point.id}/{workload}" if config.is_sweep else workload
+def verdict_key(config: CompareConfig, point: SweepPoint, workload: str, arm: str | None = None) -> str:
+    """The workload's name, or "<point>/<workload>" in a sweep; with several candidates "<label>/" before it."""
+    key = f"{point.id}/{workload}" if config.is_sweep else workload
+    return f"{cand.label_of_arm(arm)}/{key}" if arm and cand.is_multi(config) else key
 
 
 def _balance_columns(balance: list[dict] | None, workload: str, arm: str) -> dict:
@@ -61,7 +63,8 @@ class _Workload:
     def __init__(self, frame: pd.DataFrame, workload: str, config: CompareConfig):
         self.name = workload
         self.config = config
-        self.candidate = AA_ARM if config.aa else "patched"
+        self.candidates = cand.arm_names(config)
+        self.candidate = self.candidates[0]
         self._spread: stats.ProcessSpread | None = None
         mine = frame[frame.workload == workload] if len(frame) else frame
         warm = mine[mine.phase == "warm"] if len(mine) else mine
@@ -86,7 +89,7 @@ class _Workload:
         workload: it is the machine's and the loop's property, the same for every interval of the workload)."""
         if self._spread is None:
             by_process = {}
-            for arm in ("baseline", self.candidate):
+            for arm in ("baseline", *self.candidates):
                 if len(self.samples.get(arm, ())):
                     by_process[arm] = [(_ms(g), g.block.to_numpy()) for g in self.per_process(arm)]
             self._spread = stats.process_spread(by_process, floor=self.config.process_noise, seed=self.config.seed)
@@ -107,10 +110,10 @@ class _Workload:
         """How many identical processes (replicas) timed this arm's warm steps."""
         return stats.count_processes(self.samples[arm].get("replica"))
 
-    def mann_whitney_p(self, arm: str) -> float:
-        if arm == "baseline" or "baseline" not in self.samples or arm not in self.samples:
+    def mann_whitney_p(self, arm: str, against: str = "baseline") -> float:
+        if arm == against or against not in self.samples or arm not in self.samples:
             return math.nan
-        return stats.mann_whitney(self.samples["baseline"].wall_ns.to_numpy(), self.samples[arm].wall_ns.to_numpy()).p_two_sided
+        return stats.mann_whitney(self.samples[against].wall_ns.to_numpy(), self.samples[arm].wall_ns.to_numpy()).p_two_sided
 
     def row(self, arm: str) -> dict:
         d = stats.describe(_ms(self.samples[arm]))
@@ -147,7 +150,7 @@ def _arm_checks_pass(checks: pd.DataFrame, workload: str, arm: str) -> bool:
 
 def summarize(steps: list[dict], correctness: list[dict], config: CompareConfig,
               failed_arms: set[str] | dict[str, set[str]], balance: list[dict] | None = None,
-              timing: dict | None = None, jit: list[dict] | None = None):
+              timing: dict | None = None, jit: list[dict] | None = None, pairwise: list[dict] | None = None):
     """Summary rows per (point, workload, arm) and a Verdict per (point, workload), derived from the raw rows.
 
     jit: just-in-time work per (point, workload, process, phase) (jit.parquet); any in the timed steps of the
@@ -155,34 +158,43 @@ def summarize(steps: list[dict], correctness: list[dict], config: CompareConfig,
 
     failed_arms: arms that failed (not by running out of memory), for the whole run or per point id. timing: per
     (point id, workload), or per workload. Verdicts are keyed as verdict_key says.
+
+    Several candidates (e2eprof.candidates): each is judged against the baseline, and every pair of candidates is
+    compared (appended to `pairwise` when given); all of these tests are one family for the p-value adjustment.
     """
     all_steps = pd.DataFrame(slowest_rank(steps))  # a data-parallel step takes as long as its slowest rank
     all_checks = pd.DataFrame(correctness)
     all_jit = pd.DataFrame(jit or [])
-    candidate = AA_ARM if config.aa else "patched"
+    candidates = cand.arm_names(config)
     rows: list[dict] = []
-    per_test: dict[tuple[SweepPoint, str], dict] = {}
+    per_test: dict[tuple, dict] = {}  # (point, workload, candidate arm) or (point, workload, arm a, arm b)
     for point in config.points:
         frame, checks = _at(all_steps, point), _at(all_checks, point)
         point_balance = [b for b in balance or [] if b.get("point", point.id) == point.id]
         for workload in config.workloads:
             key = (point, workload)
             times = (timing or {}).get((point.id, workload)) or (timing or {}).get(workload, {})
-            point_rows, per_test[key] = _workload_rows(frame, checks, config.at(point), workload, candidate,
-                                                       point_balance, times)
+            point_rows, tests = _workload_rows(frame, checks, config.at(point), workload, candidates,
+                                               point_balance, times)
+            per_test.update({(*key, *arms): info for arms, info in tests.items()})
             rows += [r | point.columns() for r in point_rows]
 
     _adjust_pvalues(per_test, config.correction)
     verdicts = {}
-    for (point, workload), info in per_test.items():
+    for test, info in per_test.items():
+        if len(test) == 4:
+            if pairwise is not None:
+                pairwise.append(_pairwise_row(test, info, config))
+            continue
+        point, workload, candidate = test
         checks = _at(all_checks, point)
         failed = failed_arms.get(point.id, set()) if isinstance(failed_arms, dict) else set(failed_arms)
         verdict = (_out_of_memory_verdict(checks, workload, candidate, point)
                    or _decide_workload(workload, info, checks, config, failed, info["balance"], candidate))
-        verdict = _not_capturable(verdict, _at(all_checks, point), workload)
+        verdict = _not_capturable(verdict, _at(all_checks, point), workload, candidate)
         verdict = _replicas_finding(verdict, info["data"])
         verdict = _jit_finding(verdict, _at(all_jit, point), workload, candidate)
-        verdicts[verdict_key(config, point, workload)] = verdict
+        verdicts[verdict_key(config, point, workload, candidate)] = verdict
         placed = False
         for row in rows:
             if row["point"] == point.id and row["workload"] == workload and row["arm"] == candidate:
@@ -196,12 +208,13 @@ def summarize(steps: list[dict], correctness: list[dict], config: CompareConfig,
     return rows, verdicts
 
 
-def _workload_rows(frame, checks, config, workload, candidate, balance, times) -> tuple[list[dict], dict]:
-    """One point's summary rows of one workload (without verdicts) and what its test needs."""
+def _workload_rows(frame, checks, config, workload, candidates, balance, times) -> tuple[list[dict], dict]:
+    """One point's summary rows of one workload (without verdicts) and what its tests need: per candidate arm
+    (keyed (arm,)), and per pair of candidates (keyed (arm a, arm b)): b's time over a's, a's speedup over b."""
     rows: list[dict] = []
     data = _Workload(frame, workload, config)
     vs_base = {a: data.ratio_ci("baseline", a) for a in data.arms if a != "baseline"}
-    references = {ref: data.ratio_ci(ref, candidate) for ref in config.reference_arms if ref in data.arms}
+    references = {c: {ref: data.ratio_ci(ref, c) for ref in config.reference_arms if ref in data.arms} for c in candidates}
     for arm in data.arms:
         ci = vs_base.get(arm)
         row = data.row(arm) | {
@@ -211,12 +224,12 @@ def _workload_rows(frame, checks, config, workload, candidate, balance, times) -
             "correct": _arm_checks_pass(checks, workload, arm), "verdict": None, "reasons": None,
             **_balance_columns(balance, workload, arm),
         }
-        for ref, ref_ci in references.items():
-            on_candidate = arm == candidate and ref_ci is not None
+        for ref, ref_ci in references.get(arm, references[candidates[0]]).items():
+            on_candidate = arm in candidates and ref_ci is not None
             row[f"speedup_vs_{ref}"] = ref_ci.ratio if on_candidate else math.nan
             row[f"{ref}_ci_low"] = ref_ci.low if on_candidate else math.nan
             row[f"{ref}_ci_high"] = ref_ci.high if on_candidate else math.nan
-        if arm == candidate and ci is not None:
+        if arm in candidates and ci is not None:
             spread = data.spread()
             row["process_noise"] = ci.process_noise
             row.update(process_noise_floor=config.process_noise, process_noise_estimate=spread.estimate,
@@ -225,7 +238,25 @@ def _workload_rows(frame, checks, config, workload, candidate, balance, times) -
             row["mde"] = stats.minimum_detectable_effect(ci)
             row.update({k: v for k, v in times.items() if k in ("stop_reason", "timing_s")})
         rows.append(row)
-    return rows, {"data": data, "ci": vs_base.get(candidate), "p": data.mann_whitney_p(candidate), "balance": balance}
+    tests = {(c,): {"data": data, "ci": vs_base.get(c), "p": data.mann_whitney_p(c), "balance": balance} for c in candidates}
+    for i, a in enumerate(candidates):
+        for b in candidates[i + 1:]:
+            tests[(a, b)] = {"data": data, "ci": data.ratio_ci(b, a), "p": data.mann_whitney_p(a, against=b)}
+    return rows, tests
+
+
+def _pairwise_row(test: tuple, info: dict, config: CompareConfig) -> dict:
+    """One pair of candidates at one (point, workload): a's speedup over b (b's time / a's) with its interval."""
+    point, workload, a, b = test
+    ci = info["ci"]
+    low, high = (ci.low, ci.high) if ci else (math.nan, math.nan)
+    alpha = 1 - config.confidence
+    significant = bool(ci) and (low > 1 or high < 1) and info["p_adjusted"] < alpha
+    return {**point.columns(), "workload": workload, "arm_a": a, "arm_b": b, "candidate_a": cand.label_of_arm(a),
+            "candidate_b": cand.label_of_arm(b), "speedup": ci.ratio if ci else math.nan, "ci_low": low,
+            "ci_high": high, "mw_p": info["p"], "mw_p_adjusted": info["p_adjusted"], "correction": config.correction,
+            "significant": significant,
+            "faster": (cand.label_of_arm(a) if low > 1 else cand.label_of_arm(b)) if significant else None}
 
 
 def _out_of_memory_verdict(checks: pd.DataFrame, workload: str, candidate: str, point: SweepPoint) -> Verdict | None:
@@ -248,7 +279,7 @@ def _replicas_finding(verdict: Verdict, data: "_Workload") -> Verdict:
     if not spread.p_disagree < REPLICAS_ALPHA:
         return verdict
     medians = "; ".join(f"{arm}: " + ", ".join(f"{float(np.median(_ms(g))):.2f}" for g in data.per_process(arm)) + " ms"
-                        for arm in ("baseline", data.candidate) if arm in data.samples)
+                        for arm in ("baseline", *data.candidates) if arm in data.samples)
     return withhold_speed(verdict, REPLICAS_DISAGREE,
                           f"identical processes of one arm disagree (per-process medians {medians}; chance "
                           f"{spread.p_disagree:.1e} under their steps' noise and a process noise of "
@@ -256,12 +287,12 @@ def _replicas_finding(verdict: Verdict, data: "_Workload") -> Verdict:
                           f"rerun on a quieter host")
 
 
-def _not_capturable(verdict: Verdict, checks: pd.DataFrame, workload: str) -> Verdict:
+def _not_capturable(verdict: Verdict, checks: pd.DataFrame, workload: str, candidate: str = "patched") -> Verdict:
     """The patched arm failed because its decode step could not be captured in a CUDA graph: say that, not just
     ARM_FAILED (a kernel that breaks graph capture cannot be deployed where decoding is served from graphs)."""
     if not len(checks) or ARM_FAILED not in verdict.reasons:
         return verdict
-    failed = checks[(checks.metric == "arm_failed") & (checks.arm == "patched") & checks.workload.isin([workload, "*"])]
+    failed = checks[(checks.metric == "arm_failed") & (checks.arm == candidate) & checks.workload.isin([workload, "*"])]
     capture = failed[failed.detail.str.contains("NotCapturable", regex=False)]
     if not len(capture):
         return verdict
@@ -327,11 +358,11 @@ def _decide_workload(workload, info, checks, config, failed_arms, balance, candi
         return decide_aa(target_half_width=config.target_half_width, correct=_arm_checks_pass(checks[~checks.metric.isin(KERNEL_PROOF_METRICS)] if len(checks) else checks,
                                                   workload, candidate), **common)
     mine = checks[checks.workload == workload] if len(checks) else checks
-    proof = mine[(mine.arm == "patched") & mine.metric.isin(KERNEL_PROOF_METRICS)] if len(mine) else mine
+    proof = mine[(mine.arm == candidate) & mine.metric.isin(KERNEL_PROOF_METRICS)] if len(mine) else mine
     patched_ran = bool((proof.metric == "patched_calls").any()) and bool(proof.passed.all()) if len(proof) else False
-    stock_calls = mine[(mine.arm != "patched") & (mine.metric == "custom_kernel_calls")] if len(mine) else mine
+    stock_calls = mine[~mine.arm.map(cand.is_candidate) & (mine.metric == "custom_kernel_calls")] if len(mine) else mine
     baseline_clean = bool(stock_calls.passed.all()) if len(stock_calls) else True
-    correctness_rows = checks[(checks.arm == "patched") & checks.workload.isin([workload, "*"])
+    correctness_rows = checks[(checks.arm == candidate) & checks.workload.isin([workload, "*"])
                               & ~checks.metric.isin(KERNEL_PROOF_METRICS)] if len(checks) else checks
     return decide(target_half_width=config.target_half_width,
                   noise_floor=stats.process_noise_half_width(ci.process_noise if ci else config.process_noise,

@@ -4,7 +4,7 @@ the run's state to record into, scratch space and where progress is announced.""
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from e2eprof.harness.arm_process import ArmProcess
@@ -28,6 +28,15 @@ class Unit:
     patch: Patch
     scratch: Path
     events: Events
+    candidates: dict = field(default_factory=dict)  # candidate arm -> its Patch (or StackedPatch)
+
+    def patch_of(self, arm: str):
+        """The patch a candidate arm runs (its tolerances judge its outputs); the run's patch for other arms."""
+        return self.candidates.get(arm, self.patch)
+
+    def candidate_arms(self) -> list[str]:
+        """The arms that run a candidate kernel ("patched", or one per --patch), in --patch order."""
+        return list(self.candidates) or ["patched"]
 
     def live(self) -> list[str]:
         """Every process still measuring this workload, replicas too (timing needs them all)."""

@@ -23,8 +23,8 @@ from e2eprof.config import DECODING_WORKLOADS
 from e2eprof.harness.protocol import WorkerSetup
 from e2eprof.harness.isolation import apply_in_worker, freeze_survivors, gc_off_the_clock
 from e2eprof.trackers.memory import MemoryTracker, check_test_limit, release
-from e2eprof.patching import AppliedPatch, apply_patch
-from e2eprof.registry import load_patch
+from e2eprof.candidates import apply_any, load_candidate
+from e2eprof.patching import AppliedPatch
 from e2eprof.analysis.stats import warm_windows_agree
 from e2eprof.workloads import trained_like
 from e2eprof.workloads.batches import digest, synthetic_token_batches
@@ -109,13 +109,14 @@ class ArmWorker:
     def build(self) -> dict:
         setup = self.setup
         started = time.perf_counter()
-        self.loaded = load_patch(setup.patch_spec)  # every arm loads it, so every arm can report its counters
+        # Every arm loads it, so every arm can report its counters (a stock arm of several candidates: all of them).
+        self.loaded = load_candidate(setup.patch_spec)
         # Whether the patch fits the model was checked in the parent before any process started
         # (runner.check_before_measuring), and apply_patch checks it again on the built model.
         model = build_model(resolve_model(setup.model), attn_implementation=setup.arm.attn_implementation,
                             seed=setup.seed)
         if setup.arm.apply_patch:
-            self.applied = apply_patch(self.loaded.patch, model)
+            self.applied = apply_any(self.loaded.patch, model)
         self.model = model.to(self.device)
         # What the loops call. torch.compile wraps the module and shares its parameters, so restoring pristine
         # weights into self.model reaches the compiled one too. Compilation itself happens in the cold step.
@@ -344,9 +345,10 @@ class ArmWorker:
         compiled = self.setup.arm.compile
         if self.applied is not None:
             self.applied.set_mark_ranges(True)
-        elif not compiled:  # profiler ranges inside a compiled graph would break it: profile what really runs
-            # With the model, so instances of a class target are counted and ranged too, not only functions.
-            passthrough = apply_patch(self.loaded.patch, self.model, passthrough=True)
+        elif not compiled and getattr(self.loaded.patch, "disjoint", lambda: True)():
+            # Profiler ranges inside a compiled graph would break it: profile what really runs. With the model, so
+            # instances of a class target are counted and ranged too. (Candidates on one site: no single region.)
+            passthrough = apply_any(self.loaded.patch, self.model, passthrough=True)
             passthrough.set_mark_ranges(True)
         counter = iter(range(10**9))
 

@@ -23,9 +23,10 @@ def correctness_gate(unit: Unit) -> None:
     """
     config, workload, processes, state, patch, scratch = unit.config, unit.workload, unit.processes, unit.state, unit.patch, unit.scratch
     live = unit.first  # correctness is a property of an arm's code: its first process is checked
+    candidates = unit.candidate_arms()
 
     def capture(arm):
-        return Capture(workload, scratch_path(str(scratch), arm, workload, "capture"), verify=arm == "patched")
+        return Capture(workload, scratch_path(str(scratch), arm, workload, "capture"), verify=arm in candidates)
 
     first = {arm: capture(arm) for arm in live() if arm != "baseline"}
     first["baseline"] = Reference(workload, scratch_path(str(scratch), "fp64", workload, "reference"))
@@ -41,9 +42,9 @@ def correctness_gate(unit: Unit) -> None:
         if result:
             captures[arm] = result["path"]
             state.correctness += op_check_rows(workload, arm, result["op_checks"])
-            if arm == "patched":
+            if arm in candidates:
                 state.correctness += call_check_rows(workload, arm, result["op_checks"])
-            state.correctness += dp.rank_agreement_rows(workload, arm, result, dp.agreement_tolerance(patch, config.precision))
+            state.correctness += dp.rank_agreement_rows(workload, arm, result, dp.agreement_tolerance(unit.patch_of(arm), config.precision))
     device_type = str(config.device).split(":")[0]
     if reference and reference.get("device", device_type) != device_type:
         state.correctness.append({  # informational: where the trusted values came from
@@ -52,37 +53,48 @@ def correctness_gate(unit: Unit) -> None:
             "detail": f"the fp64 reference did not fit on {config.device} beside the other arms' processes and ran "
                       f"on the host instead (same model, weights and batch)"})
     if reference and "baseline" in captures:
-        state.correctness += compare_captures(workload, reference["path"], captures, patch, config.precision)
+        # Each candidate's outputs judged by its own patch's tolerances; the stock arms by the first candidate's.
+        later = [a for a in candidates[1:] if a in captures]
+        state.correctness += compare_captures(workload, reference["path"], {a: p for a, p in captures.items() if a not in later},
+                                              patch, config.precision)
+        for arm in later:
+            state.correctness += [r for r in compare_captures(workload, reference["path"], {"baseline": captures["baseline"], arm: captures[arm]},
+                                                              unit.patch_of(arm), config.precision) if r["arm"] == arm]
 
 
 def trained_like_check(unit: Unit) -> None:
-    """The patched arm's calls checked once more on trained-like weights and a padded batch (workloads.trained_like):
-    the values real checkpoints give kernels, which a random-init model never does. One row, metric "trained_like"."""
+    """Each candidate arm's calls checked once more on trained-like weights and a padded batch (workloads.trained_like):
+    the values real checkpoints give kernels, which a random-init model never does. One row each, metric "trained_like"."""
+    for arm in unit.candidate_arms():
+        _trained_like(unit, arm)
+
+
+def _trained_like(unit: Unit, arm: str) -> None:
     workload, processes, state = unit.workload, unit.processes, unit.state
-    if "patched" not in processes or "patched" in state.arm_failures:
+    if arm not in processes or arm in state.arm_failures:
         return
-    result = call(processes, state, "patched", TrainedLike(workload))
+    result = call(processes, state, arm, TrainedLike(workload))
     if result is None:
         return  # recorded as arm_failed
     if result.get("skipped"):
-        state.correctness.append({"workload": workload, "arm": "patched", "tensor": "-", "metric": "trained_like",
+        state.correctness.append({"workload": workload, "arm": arm, "tensor": "-", "metric": "trained_like",
                                   "value": 0.0, "tolerance": 0.0, "passed": True,
                                   "detail": f"not run: {result['skipped']}"})
         return
     checks = result["op_checks"]
-    rows = op_check_rows(workload, "patched", checks) + call_check_rows(workload, "patched", checks)
+    rows = op_check_rows(workload, arm, checks) + call_check_rows(workload, arm, checks)
     failed = [r for r in rows if not r["passed"]]
     calls = sum(c["calls"] for c in checks)
     detail = (f"{result['transform']}: " + ("; ".join(f"{r['metric']} {r['tensor']}: {r['detail'].removeprefix(r['tensor'] + ': ')}" for r in failed[:3])
                                             if failed else f"{calls} calls of {len(checks)} signatures checked in "
                                                            f"{result['seconds']:.2f} s, none wrong"))
-    state.correctness.append({"workload": workload, "arm": "patched", "tensor": "-", "metric": "trained_like",
+    state.correctness.append({"workload": workload, "arm": arm, "tensor": "-", "metric": "trained_like",
                               "value": float(len(failed)), "tolerance": 0.0, "passed": not failed,
                               "detail": detail[:600] if checks else f"{result['transform']}: the patch was not called"})
 
 
-def diagnose_failure(unit: Unit) -> None:
-    """The patched arm raised before its checks ran: run its verified capture anyway, to say why.
+def diagnose_failure(unit: Unit, arm: str = "patched") -> None:
+    """A candidate arm raised before its checks ran: run its verified capture anyway, to say why.
 
     An output the model cannot use (on another device, of another shape) makes the model's next op raise in the
     cold step, before any per-call check; the verified call records such a finding and hands the model the stock
@@ -90,40 +102,44 @@ def diagnose_failure(unit: Unit) -> None:
     A worker that died, or a kernel that raises again, tells nothing more: the arm_failed row stands alone.
     """
     workload, processes, state, scratch = unit.workload, unit.processes, unit.state, unit.scratch
-    failure = state.arm_failures.get("patched")
+    failure = state.arm_failures.get(arm)
     if failure is None or failure.kind != "error" or is_oom(failure):
         return
     try:
-        result = processes["patched"].call(Capture(workload, scratch_path(str(scratch), "patched", workload, "diagnosis"),
-                                                   verify=True))
+        result = processes[arm].call(Capture(workload, scratch_path(str(scratch), arm, workload, "diagnosis"), verify=True))
     except ArmFailed:
         return
-    state.correctness += op_check_rows(workload, "patched", result["op_checks"])
-    state.correctness += call_check_rows(workload, "patched", result["op_checks"])
+    state.correctness += op_check_rows(workload, arm, result["op_checks"])
+    state.correctness += call_check_rows(workload, arm, result["op_checks"])
 
 
 def revalidate(unit: Unit) -> None:
-    """After timing, check the patched arm once more: a kernel right during the gate but wrong later fails here.
+    """After timing, check each candidate arm once more: a kernel right during the gate but wrong later fails here.
 
     The same capture as the gate (pristine weights, the gate's batch, so the fp64 reference still applies), with
     every call checked again, including with new contents at the same addresses. One row, metric "revalidation".
     """
-    config, workload, processes, state, patch, scratch = unit.config, unit.workload, unit.processes, unit.state, unit.patch, unit.scratch
-    if "patched" not in processes or "patched" in state.arm_failures:
+    for arm in unit.candidate_arms():
+        _revalidate(unit, arm)
+
+
+def _revalidate(unit: Unit, arm: str) -> None:
+    config, workload, processes, state, scratch = unit.config, unit.workload, unit.processes, unit.state, unit.scratch
+    if arm not in processes or arm in state.arm_failures:
         return
     # extended=False: the gate moved these signatures' inputs to other shapes and ranges, not needed again.
-    result = call(processes, state, "patched", Capture(workload, scratch_path(str(scratch), "patched", workload, "revalidate"),
-                                                       verify=True, extended=False))
+    result = call(processes, state, arm, Capture(workload, scratch_path(str(scratch), arm, workload, "revalidate"),
+                                                 verify=True, extended=False))
     if result is None:
         return  # recorded as arm_failed
-    rows = op_check_rows(workload, "patched", result["op_checks"]) + call_check_rows(workload, "patched", result["op_checks"])
+    rows = op_check_rows(workload, arm, result["op_checks"]) + call_check_rows(workload, arm, result["op_checks"])
     reference = Path(scratch_path(str(scratch), "fp64", workload, "reference"))
     baseline = Path(scratch_path(str(scratch), "baseline", workload, "capture"))
     if reference.exists() and baseline.exists():
-        rows += [r for r in compare_captures(workload, str(reference), {"baseline": str(baseline), "patched": result["path"]},
-                                             patch, config.precision) if r["arm"] == "patched"]
+        rows += [r for r in compare_captures(workload, str(reference), {"baseline": str(baseline), arm: result["path"]},
+                                             unit.patch_of(arm), config.precision) if r["arm"] == arm]
     failed = [r for r in rows if not r["passed"]]
     detail = "; ".join(f"{r['metric']} {r['tensor']}: {r['detail']}" for r in failed[:3]) if failed else \
         f"{len(rows)} checks passed again after timing"
-    state.correctness.append({"workload": workload, "arm": "patched", "tensor": "-", "metric": "revalidation",
+    state.correctness.append({"workload": workload, "arm": arm, "tensor": "-", "metric": "revalidation",
                               "value": float(len(failed)), "tolerance": 0.0, "passed": not failed, "detail": detail})

@@ -24,7 +24,7 @@ def profile_arms(unit: Unit) -> None:
     # The compiled arm is left out: module ranges would break its graphs, so its profile could not be attributed,
     # and profiling it re-traces the model (over a minute for generate on the H200). Its device time per step is
     # in steps.parquet all the same.
-    config, workload, processes, state, patch = unit.config, unit.workload, unit.processes, unit.state, unit.patch
+    config, workload, processes, state = unit.config, unit.workload, unit.processes, unit.state
     live = unit.first  # a profile describes an arm's code: its first process is profiled
     warmup, active = profile_steps_for(config, workload)
     for arm in [a for a in live() if a != "compile"]:
@@ -37,4 +37,4 @@ def profile_arms(unit: Unit) -> None:
             "workload": workload, "arm": arm, "tensor": "-", "metric": "profile_complete",
             "value": float(not result["problems"]), "tolerance": 1.0, "passed": not result["problems"],
             "detail": "; ".join(result["problems"]) or "trace complete" + (
-                "; patch kernels present" if arm == "patched" and patch.kernel_names else "")})
+                "; patch kernels present" if arm in unit.candidate_arms() and unit.patch_of(arm).kernel_names else "")})

@@ -8,6 +8,7 @@ import time
 import pandas as pd
 
 from e2eprof.analysis import stats
+from e2eprof.candidates import arm_names
 from e2eprof.config import AA_ARM, CompareConfig
 from e2eprof.distributed import ranks as dp
 from e2eprof.harness.pool import call
@@ -52,20 +53,23 @@ def stop_reason(config, state, workload: str, blocks: int, elapsed: float) -> st
     """Why timing may stop now, or None to run another round."""
     if config.budget_seconds <= 0:
         return "fixed steps"
-    candidate = candidate_arm(config)
-    if candidate in state.arm_failures or "baseline" in state.arm_failures:
+    # Several candidates: the one still measured whose interval is widest decides (the last to settle).
+    candidates = [c for c in arm_names(config) if c not in state.arm_failures]
+    if not candidates or "baseline" in state.arm_failures:
         return "arm failed"
-    if {(candidate, workload), ("baseline", workload)} & state.out_of_memory:
+    candidates = [c for c in candidates if (c, workload) not in state.out_of_memory]
+    if not candidates or ("baseline", workload) in state.out_of_memory:
         return "out of memory"
     here = state.point.id  # rows of earlier points carry their own id; this point's may not be stamped yet
     warm = dp.slowest_rank([s for s in state.steps if s["workload"] == workload and s["phase"] == "warm"
                             and s.get("point", here) == here])
     base = [s for s in warm if s["arm"] == "baseline"]
-    cand = [s for s in warm if s["arm"] == candidate]
-    if len(base) >= 2 and len(cand) >= 2:
+    by_arm = {c: [s for s in warm if s["arm"] == c] for c in candidates}
+    if len(base) >= 2 and all(len(rows) >= 2 for rows in by_arm.values()):
         # The summary's own interval (its process noise included: the device's floor or what these replicas show),
         # so timing stops on the interval the verdict will use.
-        whole = summary_interval(pd.DataFrame(base + cand), workload, config, candidate, n_boot=1000)
+        whole = max((summary_interval(pd.DataFrame(base + rows), workload, config, c, n_boot=1000)
+                     for c, rows in by_arm.items()), key=stats.ci_halfwidth_rel)
         if stats.ci_halfwidth_rel(whole) <= config.target_half_width:
             return "target interval reached"
         ci = stats.without_process_noise(whole)

@@ -36,14 +36,38 @@ def _verdict(run: t.RunTables) -> list[str]:
     if not verdicts:
         return out + [f"Verdicts: {t.NOT_RECORDED}.", ""]
     worst, code = t.overall_verdict(run, verdicts)
-    out += [f"**Run verdict: {worst}** (exit code {code}; worst over {len(verdicts)} workload(s))", ""]
+    ranking = t.candidates(run)
+    how = ("FAIL if any candidate is broken, else the best candidate's" if ranking else
+           f"worst over {len(verdicts)} workload(s)")
+    out += [f"**Run verdict: {worst}** (exit code {code}; {how})", ""]
     ci = t.confidence_label(run)
     rows = [[w.workload, f"**{w.verdict}**", ", ".join(w.reasons), w.speedup, w.advice] for w in verdicts]
     show_advice = any(w.advice for w in verdicts)
-    tested = " / ".join(dict.fromkeys(w.arm for w in verdicts))
+    tested = "candidate" if ranking else " / ".join(dict.fromkeys(w.arm for w in verdicts))
+    if ranking:  # one row per candidate: say which
+        rows = [[r[0] + f" ({w.arm})", *r[1:]] for r, w in zip(rows, verdicts)]
     columns = ["workload", "verdict", "reasons", f"{tested} vs baseline [{ci}]", *(["advice"] if show_advice else [])]
     out += [_table(t.Table(columns, [r if show_advice else r[:-1] for r in rows], numeric={3})), ""]
-    return out + _glossary(verdicts) + [""]
+    return out + _glossary(verdicts) + [""] + _ranking(run, ranking)
+
+
+def _ranking(run: t.RunTables, ranking: dict | None) -> list[str]:
+    """Several candidates: their ranking, the best one that passes, and the pairwise intervals."""
+    if not ranking:
+        return []
+    out = ["## Candidates", "", "Ranked by speedup over the baseline (geometric mean over workloads), among those whose "
+           "gate passed: " + ("; ".join(f"{i + 1}. {n} {ranking['gmean'][n]:.3f}x" for i, n in enumerate(ranking["ranking"]))
+                              or "none"), ""]
+    out += [f"**Best: {ranking['best']}** ({ranking['lead']})" if ranking["best"] else "**Best: none passes**", ""]
+    pairs = run.get("pairwise")
+    if pairs is not None and len(pairs):
+        ci = t.confidence_label(run)
+        body = [[r.workload, f"{r.candidate_a} vs {r.candidate_b}", t.fmt_ratio(r.speedup, r.ci_low, r.ci_high),
+                 f"{r.mw_p_adjusted:.3g}", "neither (not significant)" if t.missing(r.faster) else r.faster]
+                for r in pairs.itertuples()]
+        out += [_table(t.Table(["workload", "pair", f"a's speedup over b [{ci}]", "p (adjusted)", "faster"], body,
+                               numeric={2, 3})), ""]
+    return out
 
 
 def _sweep_verdict(run: t.RunTables) -> list[str]:

@@ -20,7 +20,8 @@ from e2eprof.tables.rundir import RunDir
 from e2eprof.sweep import OOM_METRIC, OUT_OF_MEMORY
 
 # Tables a report can use besides run.parquet; any of them may be missing (an early failure, a CPU run, --no-profile).
-OPTIONAL_TABLES = ("summary", "steps", "correctness", "telemetry", "explain", "opdiff", "balance", "memory", "maxbatch")
+OPTIONAL_TABLES = ("summary", "steps", "correctness", "telemetry", "explain", "opdiff", "balance", "memory", "maxbatch",
+                   "pairwise")
 NOT_RECORDED = "not recorded in this run"
 
 # One line per reason code, for readers who do not know the codes by heart (meanings as in README "Verdicts").
@@ -180,19 +181,29 @@ def workload_verdicts(run: RunTables) -> list[WorkloadVerdict]:
         if not len(signed):
             continue
         patched = signed[signed["arm"] == "patched"]
-        row = (patched if len(patched) else signed).iloc[0]
-        reasons = [r for r in str(row.get("reasons") or "").split(",") if r]
-        advice = "" if missing(row.get("advice")) else str(row.get("advice"))
-        out.append(WorkloadVerdict(str(workload), str(row["arm"]), str(row["verdict"]), reasons,
-                                   fmt_ratio(row.get("speedup_vs_baseline"), row.get("ci_low"), row.get("ci_high")),
-                                   advice, str(point)))
+        # Several candidates (a "candidate" column): one verdict each; else the arm under test's.
+        several = "candidate" in signed and signed["candidate"].notna().any()
+        for _, row in (signed if several else (patched if len(patched) else signed).iloc[:1]).iterrows():
+            reasons = [r for r in str(row.get("reasons") or "").split(",") if r]
+            advice = "" if missing(row.get("advice")) else str(row.get("advice"))
+            out.append(WorkloadVerdict(str(workload), str(row["arm"]), str(row["verdict"]), reasons,
+                                       fmt_ratio(row.get("speedup_vs_baseline"), row.get("ci_low"), row.get("ci_high")),
+                                       advice, str(point)))
     return out
+
+
+def candidates(run: RunTables) -> dict | None:
+    """Several candidates: the ranking compare recorded (run.parquet's candidates_json), or None."""
+    found = _json(run.run.get("candidates_json"))
+    return found or None
 
 
 def overall_verdict(run: RunTables, verdicts: list[WorkloadVerdict]) -> tuple[str, int]:
     """The run's worst verdict and the exit code compare gave it (4 failed, 130 interrupted, as in cli.py)."""
     status = str(run.run.get("status") or "")
     worst = v.worst([w.verdict for w in verdicts if w.verdict in v.SEVERITY])
+    if candidates(run) and run.run.get("verdict") in v.SEVERITY:  # several candidates: the policy compare applied
+        worst = str(run.run["verdict"])
     if status == "failed":
         return worst, 4
     if status == "interrupted":

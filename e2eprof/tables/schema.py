@@ -154,6 +154,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         _opt("resume_json", "str", "finished units and their timing/profile state, for --resume, JSON"),
         _opt("resumes_json", "str", "each --resume of this run: when, from which status, units kept, JSON"),
         _opt("verdict", "str", "the run's verdict: the worst over (point, workload)"),
+        _opt("candidates_json", "str", "several --patch candidates: their ranking, the best one that passes and "
+                                       "whether its lead is significant, JSON"),
     )),
     Table("steps", "one row per timed (or warm-up) step of a worker: the raw observations", (
         _c("run_id"), _c("workload"), _c("arm"),
@@ -335,6 +337,23 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         _opt("amdahl_bound", "float64", "Amdahl: the largest step speedup the replaced share allows"),
         _opt("cause"),
         _opt("cause_detail", "str", "the explanation in words"),
+        _opt("candidate", "str", "several candidates: the candidate this arm runs (its patch names, 'a+b' stacked)"),
+        _opt("rank", "float64", "several candidates: rank by speedup over the baseline among those whose gate passed"),
+        _opt("best", "bool", "several candidates: the highest-ranked one that passes everywhere"),
+    )),
+    Table("pairwise", "several candidates: each pair compared per (point, workload), in the family of the "
+                      "multiple-comparison correction with the comparisons against the baseline", (
+        *_point(), _c("workload"),
+        _c("arm_a", "str", "the first candidate's arm"), _c("arm_b", "str", "the second candidate's arm"),
+        _c("candidate_a", "str", "the first candidate"), _c("candidate_b", "str", "the second candidate"),
+        _c("speedup", "float64", "candidate_b's median / candidate_a's: above 1 means a is faster"),
+        _c("ci_low"), _c("ci_high"),
+        _c("mw_p", "float64", "Mann-Whitney p-value of a against b"),
+        _c("mw_p_adjusted", "float64", "mw_p adjusted with every test of the run"),
+        _c("correction", "str", "the multiple-comparison correction used (holm, bh, none)"),
+        _c("significant", "bool", "interval excludes 1 and the adjusted p-value is under 1 - confidence"),
+        _opt("faster", "str", "the significantly faster candidate (null when neither)"),
+        _c("run_id"),
     )),
     Table("opdiff", "per-op difference between the baseline and patched profiles (rank 0)", (
         _c("workload"), _c("module"), _c("op"), _c("direction"), _c("time_basis"),
