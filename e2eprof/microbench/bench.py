@@ -1,11 +1,8 @@
 """The replaced op alone: check it, then time it against the stock function and torch.compile of the stock function.
 
 For every CallSpec and pass (forward, and forward+backward when the model differentiated through the call):
-1. correctness on fresh random inputs, before any timing: the candidate runs first with every fresh allocation
-   poisoned (NaN), is compared with the patch's fp64 reference under the patch's rule (relative-norm error at most
-   max(error_factor * stock error, floor); NaN/Inf where the stock output has them; dtype, shape and strides of the
-   stock output), gradients too for forward+backward, then runs again after the stock op and the reference and must
-   return the same bits (uninitialised memory that happens to hold a freed correct answer fails one way or the other);
+1. correctness on fresh random inputs, before any timing (op_check.py): the candidate's outputs, and gradients
+   for forward+backward, against the patch's fp64 reference, with allocations poisoned and a repeat call;
 2. timing (timing.py): warm-up, then >= 30 trials, each on freshly drawn inputs (and a fresh grad_output).
 
 A candidate that fails its check is not timed: its row keeps the error and no speedup is claimed for it.
@@ -22,250 +19,28 @@ only where both passed.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import math
-import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import pandas as pd
 import torch
-import torch.utils.deterministic  # noqa: F401  (poisoned_allocations sets its flag; not imported by torch itself everywhere)
 
 from e2eprof.microbench.capture import CallSpec, TensorSpec, dtype_name
+from e2eprof.microbench.op_calls import (Op, backward, draw_inputs, forward, fresh_grad_outputs, op_for,
+                                         poisoned_allocations, tensors_of)
+from e2eprof.microbench.op_check import check
 from e2eprof.microbench.plausibility import judge_bandwidth
 from e2eprof.microbench.timing import Samples, Timer, copy_rates
 from e2eprof.patch import Patch
-from e2eprof.patching import CallRecorder
-from e2eprof.checks.tensorcheck import compare_to_reference
+
+# The public names: those defined here and the call helpers tests and benchmarks import from here.
+__all__ = ["IMPLS", "MIN_TRIALS", "op_bytes", "bench_spec", "add_derived", "run_microbench", "draw_inputs", "op_for",
+           "poisoned_allocations"]
 
 IMPLS = ("replacement", "eager", "compile")
 MIN_TRIALS = 30
 
-
-# ---- the three callables of one spec --------------------------------------------------------------------------
-
-@dataclass
-class Op:
-    """replacement, eager (stock) and reference, each taking the spec's arguments in call order."""
-
-    replacement: Callable
-    eager: Callable
-    reference: Callable | None
-
-
-def stock_callable(patch: Patch, target: str):
-    """The stock object at `target` (function or class), resolved as the modeling module sees it."""
-    module_name, _, path = target.partition(":")
-    obj = importlib.import_module(module_name)
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    if isinstance(obj, CallRecorder) or obj is patch.replacement:
-        # The microbenchmark must see the stock op; a patch left applied would benchmark itself against itself.
-        raise RuntimeError(f"patch '{patch.name}' is still applied at {target}; revert it before microbenchmarking")
-    return obj
-
-
-def op_for(patch: Patch, spec: CallSpec) -> Op:
-    stock = stock_callable(patch, spec.target)
-    if spec.kind != "class":
-        return Op(patch.replacement, stock, patch.reference)
-    module, new_forward, old_forward, reference = spec.module, patch.replacement.forward, stock.forward, patch.reference
-    return Op(lambda *a, **k: new_forward(module, *a, **k), lambda *a, **k: old_forward(module, *a, **k),
-              None if reference is None else (lambda *a, **k: reference(module, *a, **k)))
-
-
-# ---- inputs, calls, poisoning ---------------------------------------------------------------------------------
-
-@dataclass
-class Inputs:
-    args: tuple
-    kwargs: dict
-    grad_targets: list[torch.Tensor]  # inputs and module parameters a backward pass differentiates
-
-
-def _draw(spec: TensorSpec, device: torch.device) -> torch.Tensor:
-    if spec.dtype.is_floating_point:
-        draw_dtype = spec.dtype if spec.dtype in (torch.float32, torch.float64) else torch.float32
-        value = torch.randn(spec.shape, device=device, dtype=draw_dtype).to(spec.dtype)
-    elif spec.dtype == torch.bool:
-        value = torch.rand(spec.shape, device=device) > 0.5
-    else:
-        value = torch.randint(0, 8, spec.shape, device=device, dtype=spec.dtype)
-    if spec.contiguous:
-        return value
-    # Same strides as the model's tensor: a kernel that assumes contiguity must meet the real layout.
-    strided = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=device)
-    return strided.copy_(value)
-
-
-def draw_inputs(spec: CallSpec) -> Inputs:
-    """Fresh random arguments shaped like the spec's (new contents every time, never a cached buffer).
-
-    Under the model's grad mode, tensors that required grad there require it here, so even a forward-only pass
-    pays what the training forward pays (saving tensors for backward).
-    """
-    device = torch.device(spec.device)
-    grad = spec.grad_enabled
-    targets: list[torch.Tensor] = []
-
-    def make(value):
-        if not isinstance(value, TensorSpec):
-            return value
-        t = _draw(value, device)
-        if grad and value.requires_grad and t.is_floating_point():
-            targets.append(t.requires_grad_(True))
-        return t
-
-    args = tuple(make(a) for a in spec.args)
-    kwargs = {k: make(v) for k, v in spec.kwargs.items()}
-    if grad and spec.module is not None:
-        targets += [p for p in spec.module.parameters() if p.requires_grad]
-    return Inputs(args, kwargs, targets)
-
-
-def tensors_of(out) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, list | tuple):
-        return [o for o in out if isinstance(o, torch.Tensor)]
-    return []
-
-
-def forward(fn: Callable, spec: CallSpec, inputs: Inputs, grad: bool):
-    with torch.set_grad_enabled(grad), spec.context():
-        return fn(*inputs.args, **inputs.kwargs)
-
-
-def backward(out, inputs: Inputs, grad_outs: Sequence[torch.Tensor]) -> tuple:
-    """Gradients of the differentiable outputs w.r.t. the grad targets, outside autocast (as a training loop does)."""
-    outs = [o for o in tensors_of(out) if o.requires_grad]
-    return torch.autograd.grad(outs, inputs.grad_targets, list(grad_outs)[: len(outs)], allow_unused=True)
-
-
-def fresh_grad_outputs(outs: Sequence[TensorSpec], device: str) -> list[torch.Tensor]:
-    return [torch.randn(o.shape, device=device, dtype=torch.float32).to(o.dtype) for o in outs if o.dtype.is_floating_point]
-
-
-@contextlib.contextmanager
-def poisoned_allocations():
-    """Inside, torch.empty & co. return NaN-filled memory (max int for integers), on CPU and CUDA alike.
-
-    Uses torch's deterministic mode, whose fill_uninitialized_memory does exactly this; warn_only so ops without a
-    deterministic implementation still run (this is a correctness check, not a timing).
-    """
-    was_on = torch.are_deterministic_algorithms_enabled()
-    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    was_fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        torch.utils.deterministic.fill_uninitialized_memory = was_fill
-        torch.use_deterministic_algorithms(was_on, warn_only=was_warn_only)
-
-
-# ---- correctness ------------------------------------------------------------------------------------------------
-
-@dataclass
-class Check:
-    passed: bool
-    error: float  # worst relative-norm error against the fp64 reference (outputs, and gradients when checked)
-    tolerance: float  # the tolerance of that worst entry
-    stock_error: float
-    problems: list[str] = field(default_factory=list)
-
-
-def _float64_inputs(inputs: Inputs, grad: bool) -> tuple[tuple, dict, list[torch.Tensor]]:
-    """The same values in float64 for the reference, differentiable where the originals are grad targets."""
-    wanted = {id(t) for t in inputs.grad_targets}
-    targets: list[torch.Tensor] = []
-
-    def convert(value):
-        if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
-            return value
-        t = value.detach().double()
-        if grad and id(value) in wanted:
-            targets.append(t.requires_grad_(True))
-        return t
-
-    args = tuple(convert(a) for a in inputs.args)
-    kwargs = {k: convert(v) for k, v in inputs.kwargs.items()}
-    # Module parameters stay as they are: the reference reads them from the module and casts them itself.
-    targets += [t for t in inputs.grad_targets if not any(t is a for a in (*inputs.args, *inputs.kwargs.values()))]
-    return args, kwargs, targets
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
-
-
-def check(candidate: Callable, op: Op, patch: Patch, spec: CallSpec, outs: Sequence[TensorSpec], grad: bool) -> Check:
-    """Run `candidate` on fresh inputs and judge it against the stock op and the fp64 reference (see module doc).
-
-    grad: also run backward with a fresh grad_output and check every gradient the stock op produces.
-    """
-    inputs = draw_inputs(spec)
-    grad_outs = fresh_grad_outputs(outs, spec.device) if grad else []
-    forward_grad = grad or spec.grad_enabled
-    try:
-        with poisoned_allocations():
-            got = forward(candidate, spec, inputs, forward_grad)
-            got_grads = backward(got, inputs, grad_outs) if grad else ()
-    except Exception as exc:  # a candidate that raises on a shape the model feeds it is wrong on that shape
-        return Check(False, math.inf, math.nan, math.nan, [f"raised {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"])
-    stock = forward(op.eager, spec, inputs, forward_grad)
-    stock_grads = backward(stock, inputs, grad_outs) if grad else ()
-    if op.reference is not None:
-        args64, kwargs64, targets64 = _float64_inputs(inputs, grad)
-        with torch.autocast(torch.device(spec.device).type, enabled=False), torch.set_grad_enabled(grad):
-            ref = op.reference(*args64, **kwargs64)
-        ref_outs = [o for o in tensors_of(ref) if o.requires_grad]
-        ref_grads = torch.autograd.grad(ref_outs, targets64, [g.double() for g in grad_outs][: len(ref_outs)],
-                                        allow_unused=True) if grad else ()
-    else:  # no fp64 reference declared: the stock output in fp64 is the yardstick (stock error 0, floor applies)
-        ref = [t.detach().double() for t in tensors_of(stock)]
-        ref_grads = [None if g is None else g.double() for g in stock_grads]
-    pairs = [(g, s, r, "output") for g, s, r in zip(tensors_of(got), tensors_of(stock), tensors_of(ref))]
-    pairs += [(g, s, r, "grad") for g, s, r in zip(got_grads, stock_grads, ref_grads) if s is not None and r is not None]
-    result = Check(True, 0.0, math.nan, 0.0)
-    if len(tensors_of(got)) != len(tensors_of(stock)):
-        result.passed = False
-        result.problems.append(f"{len(tensors_of(got))} output tensors, stock returns {len(tensors_of(stock))}")
-    worst = -1.0
-    for value, stock_value, reference, what in pairs:
-        if value is None:
-            result.passed = False
-            result.problems.append(f"{what}: no gradient where the stock op has one")
-            continue
-        floor = patch.tolerance_for(dtype_name(stock_value.dtype))
-        agreement = compare_to_reference(value, stock_value, reference, floor=floor, factor=patch.error_factor)
-        result.stock_error = max(result.stock_error, agreement.stock_error)
-        ratio = agreement.patched_error / agreement.tolerance if agreement.tolerance > 0 else math.inf
-        if ratio > worst:
-            worst, result.error, result.tolerance = ratio, agreement.patched_error, agreement.tolerance
-        if not agreement.passed:
-            result.passed = False
-            result.problems += [f"{what}: {p}" for p in agreement.problems]
-    del stock, stock_grads, ref, ref_grads  # freed: a lazy candidate's next buffers may now hold these answers
-    with poisoned_allocations():
-        again = forward(candidate, spec, inputs, forward_grad)
-        again_grads = backward(again, inputs, grad_outs) if grad else ()
-    repeat = [(a, b) for a, b in zip(tensors_of(got) + list(got_grads), tensors_of(again) + list(again_grads))
-              if a is not None and b is not None]
-    if not all(_same_bits(a, b) for a, b in repeat):
-        result.passed = False
-        result.problems.append("a second call on the same inputs returned different bits (uninitialised or racy memory?)")
-    return result
-
-
-# ---- one spec, all impls and passes -----------------------------------------------------------------------------
 
 def op_bytes(spec: CallSpec, outs: Sequence[TensorSpec], pass_name: str) -> int:
     """Bytes the op must move in one call: every input (and module weight) read once and every output written once;
