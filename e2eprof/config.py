@@ -228,6 +228,18 @@ class CompareConfig:
         """Timed blocks per arm: steps rounded up to whole blocks."""
         return -(-self.steps // self.block_steps)
 
+    @classmethod
+    def from_record(cls, record: dict) -> "CompareConfig":
+        """The configuration a run recorded (to_record), as it was: validated when that run started, and not resolved
+        again (a CUDA run is re-judged on a machine without a GPU). Unknown keys of another version are dropped."""
+        config = object.__new__(cls)
+        for f in dataclasses.fields(cls):
+            value = record.get(f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
+            if isinstance(value, list):
+                value = tuple(value)
+            object.__setattr__(config, f.name, Path(value) if f.name == "out" and value else value)
+        return config
+
     def to_record(self) -> dict:
         """Flat, JSON-friendly view for run.parquet."""
         record = dataclasses.asdict(self)
