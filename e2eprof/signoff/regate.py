@@ -42,7 +42,8 @@ def regate(run_dir: str | Path, policy: str | Path | None = None, **thresholds) 
     if not run.has("run"):
         raise UsageError(f"gate: {run_dir} holds no run.parquet; give a directory written by `e2eprof compare`")
     row = run.run_row()
-    if row.get("status") != "complete":
+    # No status at all: an e2eprof from before runs recorded one, which wrote run.parquet only at the end.
+    if row.get("status") not in ("complete", None):
         raise UsageError(f"gate: the run in {run_dir} is {row.get('status')}, not complete; finish it with "
                          f"`e2eprof compare --resume --out {run_dir}` first")
     if not run.has("steps") or not run.has("summary"):
