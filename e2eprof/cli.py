@@ -136,8 +136,8 @@ def compare(
     nproc: Annotated[int, typer.Option(help="Ranks per arm: > 1 launches each arm with torchrun for --workload train-ddp or train-fsdp (--batch is per rank).")] = 1,
     nnodes: Annotated[int, typer.Option(help="Nodes of a data-parallel run (passed to torchrun; needs --rdzv-endpoint).")] = 1,
     rdzv_endpoint: Annotated[Optional[str], typer.Option(help="HOST:PORT where a data-parallel run's ranks meet (arm i uses PORT+i; default: a free local port).")] = None,
-    junit: Annotated[Optional[Path], typer.Option(help="Also write the verdicts as JUnit XML to this file (one test case per point and workload).")] = None,
-    summary_md: Annotated[Optional[Path], typer.Option(help="Also write the markdown summary to this file (appended to $GITHUB_STEP_SUMMARY whenever that is set).")] = None,
+    junit: Annotated[Optional[Path], typer.Option(help="Also write the verdicts as JUnit XML to this file (one test case per point and workload; default: none).")] = None,
+    summary_md: Annotated[Optional[Path], typer.Option(help="Also write the markdown summary to this file (appended to $GITHUB_STEP_SUMMARY whenever that is set; default: none).")] = None,
 ) -> int:
     """Time baseline, patched and stock-reference arms of a model's real loops; check correctness; sign off."""
     references = _split(reference)
@@ -174,8 +174,8 @@ def calibrate(
     policy: Annotated[Optional[Path], typer.Option(help="TOML file with sign-off thresholds (default: none, the built-in thresholds).")] = None,
     out: Annotated[Optional[Path], typer.Option(help=OUT_HELP)] = None,
     force: Annotated[bool, typer.Option(help="Overwrite an existing report directory.")] = False,
-    junit: Annotated[Optional[Path], typer.Option(help="Also write the verdicts as JUnit XML to this file (one test case per point and workload).")] = None,
-    summary_md: Annotated[Optional[Path], typer.Option(help="Also write the markdown summary to this file (appended to $GITHUB_STEP_SUMMARY whenever that is set).")] = None,
+    junit: Annotated[Optional[Path], typer.Option(help="Also write the verdicts as JUnit XML to this file (one test case per point and workload; default: none).")] = None,
+    summary_md: Annotated[Optional[Path], typer.Option(help="Also write the markdown summary to this file (appended to $GITHUB_STEP_SUMMARY whenever that is set; default: none).")] = None,
 ) -> int:
     """A/A run (the same stock arm in two processes): PASS means no false difference; shows the noise floor."""
     config = _config(
@@ -299,14 +299,14 @@ def _run(config, resume: bool = False, outputs=None) -> int:
 @app.command("gate")
 def gate(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A finished run's report directory.")],
-    policy: Annotated[Optional[Path], typer.Option(help="TOML policy file (as compare's --policy) whose thresholds replace the run's.")] = None,
+    policy: Annotated[Optional[Path], typer.Option(help="TOML policy file (as compare's --policy) whose thresholds replace the run's (default: none, the run's own).")] = None,
     min_speedup: Annotated[Optional[float], typer.Option(help="PASS needs the interval's lower bound above 1 + this (default: the run's).")] = None,
     confidence: Annotated[Optional[float], typer.Option(help="Level of every interval, recomputed from the raw steps (default: the run's).")] = None,
     correction: Annotated[Optional[str], typer.Option(help="Multiple-comparison correction: holm, bh or none (default: the run's).")] = None,
     process_noise: Annotated[Optional[float], typer.Option(help="Between-process spread folded into every interval (default: the run's).")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the re-judged verdict.json document instead of the table.")] = False,
-    junit: Annotated[Optional[Path], typer.Option(help="Write the re-judged verdicts as JUnit XML to this file.")] = None,
-    summary_md: Annotated[Optional[Path], typer.Option(help="Write the markdown summary to this file (and append it to $GITHUB_STEP_SUMMARY when set).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the re-judged verdict.json document instead of the table (default: off).")] = False,
+    junit: Annotated[Optional[Path], typer.Option(help="Write the re-judged verdicts as JUnit XML to this file (default: none).")] = None,
+    summary_md: Annotated[Optional[Path], typer.Option(help="Write the markdown summary to this file (and append it to $GITHUB_STEP_SUMMARY when set; default: none).")] = None,
 ) -> int:
     """Re-judge a finished run under another policy without measuring again; exit code as compare's."""
     import json

@@ -157,7 +157,7 @@ def test_an_in_process_call_records_its_own_command_line(monkeypatch):
     assert seen[0].command_line == "e2eprof calibrate --model gpt2-tiny --device cpu --seed 3"
 
 
-@pytest.mark.parametrize("command", ["compare", "calibrate", "microbench"])
+@pytest.mark.parametrize("command", ["compare", "calibrate", "microbench", "gate"])
 def test_every_option_shows_its_default(command):
     """`--steps`, `--block-steps` and `--new-tokens` had no default in --help: they depend on the device, and the
     help now says both. An option typer cannot show a default for (None, or a one-name flag) must say it itself."""
