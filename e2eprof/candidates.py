@@ -314,13 +314,3 @@ def sites(config, builds: dict):
     if not is_multi(config):
         return builds.get(CANDIDATE, {}).get("sites")
     return {label_of_arm(a): builds.get(a, {}).get("sites") for a in arm_names(config)}
-
-
-def record(summary: list[dict], pairwise: list[dict], state, config, run_id: str) -> None:
-    """Several candidates: the ranking into the summary rows and run.parquet, the pairwise table written."""
-    if not is_multi(config):
-        return
-    from e2eprof.tables import reports
-    ranking = rank(summary, pairwise, config)
-    state.run_row["candidates_json"] = reports.to_json(ranking)
-    reports.write_table(state.out_dir, "pairwise", [r | {"run_id": run_id} for r in pairwise])

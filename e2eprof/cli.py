@@ -136,6 +136,8 @@ def compare(
     nproc: Annotated[int, typer.Option(help="Ranks per arm: > 1 launches each arm with torchrun for --workload train-ddp or train-fsdp (--batch is per rank).")] = 1,
     nnodes: Annotated[int, typer.Option(help="Nodes of a data-parallel run (passed to torchrun; needs --rdzv-endpoint).")] = 1,
     rdzv_endpoint: Annotated[Optional[str], typer.Option(help="HOST:PORT where a data-parallel run's ranks meet (arm i uses PORT+i; default: a free local port).")] = None,
+    junit: Annotated[Optional[Path], typer.Option(help="Also write the verdicts as JUnit XML to this file (one test case per point and workload; default: none).")] = None,
+    summary_md: Annotated[Optional[Path], typer.Option(help="Also write the markdown summary to this file (appended to $GITHUB_STEP_SUMMARY whenever that is set; default: none).")] = None,
 ) -> int:
     """Time baseline, patched and stock-reference arms of a model's real loops; check correctness; sign off."""
     references = _split(reference)
@@ -151,7 +153,7 @@ def compare(
         isolate=isolate, out=out, force=force, profile=profile, trace=trace, microbench=microbench,
         nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
     )
-    return _run(config, resume=resume)
+    return _run(config, resume=resume, outputs=_outputs(junit, summary_md))
 
 
 @app.command()
@@ -173,6 +175,8 @@ def calibrate(
     policy: Annotated[Optional[Path], typer.Option(help="TOML file with sign-off thresholds (default: none, the built-in thresholds).")] = None,
     out: Annotated[Optional[Path], typer.Option(help=OUT_HELP)] = None,
     force: Annotated[bool, typer.Option(help="Overwrite an existing report directory.")] = False,
+    junit: Annotated[Optional[Path], typer.Option(help="Also write the verdicts as JUnit XML to this file (one test case per point and workload; default: none).")] = None,
+    summary_md: Annotated[Optional[Path], typer.Option(help="Also write the markdown summary to this file (appended to $GITHUB_STEP_SUMMARY whenever that is set; default: none).")] = None,
 ) -> int:
     """A/A run (the same stock arm in two processes): PASS means no false difference; shows the noise floor."""
     config = _config(
@@ -181,7 +185,7 @@ def calibrate(
         process_noise=process_noise, replicas=replicas, isolate=isolate,
         out=out, force=force, profile=False,
     )
-    return _run(config)
+    return _run(config, outputs=_outputs(junit, summary_md))
 
 
 def _config(policy: Path | None, **options):
@@ -235,9 +239,20 @@ def _stop_once(signum, frame) -> None:
     raise interrupt.exception(signum)
 
 
-def _run(config, resume: bool = False) -> int:
+def _outputs(junit: Path | None, summary_md: Path | None):
+    """The CI files asked for, checked now: a bad path fails before anything is measured."""
+    from e2eprof.signoff.publish import Outputs
+
+    outputs = Outputs(junit=junit, summary_md=summary_md)
+    outputs.check()
+    return outputs
+
+
+def _run(config, resume: bool = False, outputs=None) -> int:
     from e2eprof.console import ConsoleEvents, print_outcome, print_summary
+    from e2eprof.errors import RunError
     from e2eprof.runner import compare as run_compare
+    from e2eprof.signoff import document, publish
 
     events = ConsoleEvents(err_console)
     if config.find_max_batch:
@@ -257,6 +272,10 @@ def _run(config, resume: bool = False) -> int:
             previous[signal.SIGINT] = signal.signal(signal.SIGINT, _stop_once)
     try:
         report = run_compare(config, events=events, resume=resume)
+    except RunError as exc:
+        if outputs is not None:
+            publish.publish_failure(f"the run failed: {exc}", outputs)
+        raise
     except KeyboardInterrupt as exc:
         # Handled here, not left to main(): typer turns an escaping KeyboardInterrupt into a bare exit code 130.
         events.close()
@@ -273,7 +292,43 @@ def _run(config, resume: bool = False) -> int:
         return report.exit_code
     print_summary(out_console, report.summary, report.verdicts, report.run_dir)
     print_outcome(out_console, report.overall, report.exit_code, config.device)
+    if outputs is not None:
+        publish.publish(document.read(report.run_dir / document.FILE), outputs)
     return report.exit_code
+
+
+@app.command("gate")
+def gate(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A finished run's report directory.")],
+    policy: Annotated[Optional[Path], typer.Option(help="TOML policy file (as compare's --policy) whose thresholds replace the run's (default: none, the run's own).")] = None,
+    min_speedup: Annotated[Optional[float], typer.Option(help="PASS needs the interval's lower bound above 1 + this (default: the run's).")] = None,
+    confidence: Annotated[Optional[float], typer.Option(help="Level of every interval, recomputed from the raw steps (default: the run's).")] = None,
+    correction: Annotated[Optional[str], typer.Option(help="Multiple-comparison correction: holm, bh or none (default: the run's).")] = None,
+    process_noise: Annotated[Optional[float], typer.Option(help="Between-process spread folded into every interval (default: the run's).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the re-judged verdict.json document instead of the table (default: off).")] = False,
+    junit: Annotated[Optional[Path], typer.Option(help="Write the re-judged verdicts as JUnit XML to this file (default: none).")] = None,
+    summary_md: Annotated[Optional[Path], typer.Option(help="Write the markdown summary to this file (and append it to $GITHUB_STEP_SUMMARY when set; default: none).")] = None,
+) -> int:
+    """Re-judge a finished run under another policy without measuring again; exit code as compare's."""
+    import json
+
+    import pandas as pd
+
+    from e2eprof.console import print_outcome, print_summary
+    from e2eprof.signoff import publish
+    from e2eprof.signoff.regate import regate
+
+    outputs = _outputs(junit, summary_md)
+    result = regate(run_dir, policy, min_speedup=min_speedup, confidence=confidence, correction=correction,
+                    process_noise=process_noise)
+    if json_out:
+        print(json.dumps(result.document, indent=2))
+    else:
+        print_summary(out_console, pd.DataFrame(result.judgement.summary), result.judgement.verdicts, run_dir)
+        print_outcome(out_console, result.judgement.overall, result.exit_code, result.config.device)
+        _error_line("e2eprof gate: " + ("; ".join(result.changed) if result.changed else "no verdict changed"))
+    publish.publish(result.document, outputs)
+    return result.exit_code
 
 
 @app.command("microbench")

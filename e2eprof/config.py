@@ -230,7 +230,9 @@ class CompareConfig:
 
     def at(self, point: SweepPoint) -> "CompareConfig":
         """This run's settings at one point of its sweep: batch, seq and precision single values."""
-        return dataclasses.replace(self, batch=point.batch, seq=point.seq, precision=point.precision)
+        # Not validated again: this config was, and a recorded one re-judged by `gate` may name a device not here.
+        return CompareConfig.from_record(self.to_record() | {"batch": point.batch, "seq": point.seq,
+                                                             "precision": point.precision})
 
     @property
     def launch(self) -> LaunchSpec | None:
@@ -243,6 +245,29 @@ class CompareConfig:
     def n_blocks(self) -> int:
         """Timed blocks per arm: steps rounded up to whole blocks."""
         return -(-self.steps // self.block_steps)
+
+    @classmethod
+    def from_record(cls, record: dict) -> "CompareConfig":
+        """The configuration a run recorded (to_record), as it was: validated when that run started, and not resolved
+        again (a CUDA run is re-judged on a machine without a GPU). Unknown keys of another version are dropped."""
+        config = object.__new__(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in record:
+                value = record[f.name]
+            elif f.default is not dataclasses.MISSING:
+                value = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                raise UsageError(f"the recorded configuration has no '{f.name}'")
+            if isinstance(value, list):
+                value = tuple(value)
+            object.__setattr__(config, f.name, Path(value) if f.name == "out" and value else value)
+        # Recorded by an e2eprof from before these options: what such a run did (no process noise, one process each).
+        for name, before in (("process_noise", 0.0), ("replicas", 1), ("isolate", isolation.parse(None))):
+            if record.get(name) is None:
+                object.__setattr__(config, name, before)
+        return config
 
     def to_record(self) -> dict:
         """Flat, JSON-friendly view for run.parquet."""

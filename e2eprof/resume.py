@@ -78,7 +78,7 @@ def load(config: CompareConfig, patch_source_sha256: str | None) -> Prior:
     prior = Prior(out, row, units)
     if not prior.complete:
         prior.tables = _kept_rows(out, config, units)
-        _read_back_profile_rows(out, units)
+        read_back_profile_rows(out, units)
     return prior
 
 
@@ -90,7 +90,7 @@ def without_profile_rows(profile: dict) -> dict:
     return slim
 
 
-def _read_back_profile_rows(out: Path, units: dict[str, dict]) -> None:
+def read_back_profile_rows(out: Path, units: dict[str, dict]) -> None:
     """Give the kept units' profiles their ops and kernels rows again, from the tables the earlier attempt wrote."""
     from e2eprof.distributed.ranks import by_rank
 

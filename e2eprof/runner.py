@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -29,12 +28,11 @@ from e2eprof import startup
 from e2eprof.tables import reports
 from e2eprof.harness import compile_cache, isolation
 from e2eprof.harness import worker_output
-from e2eprof.analysis import explain
-from e2eprof.trackers import telemetry
+from e2eprof.analysis.judge import judge, write_judgement
+from e2eprof.signoff import document as verdict_document
 from e2eprof import resume as resume_run
 from e2eprof.harness.arm_process import ArmProcess
 from e2eprof.config import AA_ARM, DEFAULT_WORKLOADS, CompareConfig, default_out_dir
-from e2eprof.distributed import ranks as dp
 from e2eprof.distributed.launch import start_arm
 from e2eprof.distributed.telemetry import open_rank_samplers
 from e2eprof.env import capture_environment
@@ -48,9 +46,8 @@ from e2eprof.phases.profile import profile_arms, profile_steps_for
 from e2eprof.phases.proof import kernel_ran_rows, thread_rows
 from e2eprof.phases.timing import candidate_arm, timed_blocks
 from e2eprof.registry import LoadedPatch
-from e2eprof.analysis.summary import attach_memory, summarize, verdict_key
-from e2eprof.sweep import SweepPoint, by_point, is_oom
-from e2eprof.analysis.verdict import EXIT_CODES, Verdict, flag_implausible
+from e2eprof.sweep import SweepPoint, is_oom
+from e2eprof.analysis.verdict import EXIT_CODES, Verdict
 from e2eprof.harness.protocol import (ArmSpec, Build, Cold, Counters, EndWorkload, JitCounts, MemoryPeaks, Warmup,
                                       WorkerSetup, is_replica)
 from e2eprof.workloads.loops import check_workloads
@@ -263,23 +260,15 @@ def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = Fa
                         _microbench_phase(config.at(point), point, state)
             sampler.stop()
             with state.phase(events, "*", "summary and tables"):
-                balance = (by_point(state.steps_frame(), lambda steps: telemetry.arm_balance(
-                    steps, clock_tolerance=config.clock_tolerance, temp_tolerance_c=config.temp_tolerance_c)).to_dict("records")
-                    if sampler.available else [])
-                if balance:
-                    reports.write_table(out_dir, "balance", [r | {"run_id": run_id} for r in balance])
-                steps = state.all_rows("steps")
-                pairwise: list[dict] = []  # several candidates: each pair's interval (analysis.summary)
-                summary, verdicts = summarize(steps, state.all_rows("correctness"), config,
-                                              state.failed_by_point, balance, state.timing, jit=state.all_rows("jit"),
-                                              pairwise=pairwise)
-                _explain_into(summary, state, run_id)
-                dp.attach_rank_columns(summary, steps, state.profiles)
-                _flag_implausible(summary, verdicts, config)
-                attach_memory(summary, state.all_rows("memory"))
-                run_row["verdict"] = cand.run_verdict(config, verdicts)  # one candidate: worst over (point, workload)
-                cand.record(summary, pairwise, state, config, run_id)
-                reports.write_table(out_dir, "summary", [r | {"run_id": run_id} for r in summary])
+                # Judged from the tables just written, as `e2eprof gate` judges them: the same rows, the same verdicts.
+                state.flush()
+                judgement = judge(out_dir, config)
+                write_judgement(out_dir, judgement, run_id)
+                summary, verdicts = judgement.summary, judgement.verdicts
+                run_row["verdict"] = judgement.overall
+                if judgement.ranking is not None:
+                    run_row["candidates_json"] = reports.to_json(judgement.ranking)
+                verdict_document.write(out_dir, run_row, config, summary, judgement.overall, judgement.ranking)
     finally:
         sampler.stop()
         state.flush()
@@ -371,50 +360,6 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
             worker_output.drain()  # their last lines come before anything the parent prints next
         state.end_point()
         state.flush()
-
-
-def _explain_into(summary: list[dict], state: RunState, run_id: str) -> None:
-    """Op diff and Amdahl explanation per workload from the profiles; adds prediction columns to the summary."""
-    if not state.profiles:
-        return
-    ops = state.ops_frame()
-    # Arms are compared op by op on rank 0 (every rank runs the same ops on its own shard).
-    reports.write_table(state.out_dir, "opdiff", by_point(ops[ops["rank"] == 0], explain.op_diff).assign(run_id=run_id))
-    points = {p.id: p for p, _, _ in state.profiles}
-    rows = []
-    for row in summary:
-        point = points.get(row.get("point"))
-        profile = state.profiles.get((point, row["workload"], row["arm"]))
-        if profile:
-            row["profile_device_ms"] = profile["total_device_us"] / 1e3
-            row["idle_share"] = profile["idle_share"]
-            row["replaced_ms"] = profile["replaced_device_us"] / 1e3 if profile["device_type"] == "cuda" else profile["replaced_cpu_us"] / 1e3
-        base = state.profiles.get((point, row["workload"], "baseline"))
-        if row["arm"] != "patched" or not profile or not base:  # several candidates: no explanation (see candidates)
-            continue
-        result = explain.explain(row["workload"], base, profile, row.get("speedup_vs_baseline", math.nan),
-                                 measured_low=row.get("ci_low", math.nan))
-        rows.append({**point.columns(), "workload": row["workload"], **{k: v for k, v in result.items() if not isinstance(v, (list, dict))},
-                     "grown_ops": reports.to_json(result.get("grown_ops")), "run_id": run_id})
-        row.update(replaced_share=result["f"], replaced_speedup=result["s"], predicted_speedup=result["predicted"],
-                   amdahl_bound=result["bound"], cause=result["cause"], cause_detail=result["detail"])
-    if rows:
-        reports.write_table(state.out_dir, "explain", rows)
-
-
-def _flag_implausible(summary: list[dict], verdicts: dict, config: CompareConfig) -> None:
-    """A step gain beyond the Amdahl bound (explain's cause "implausible") reaches the verdict as IMPLAUSIBLE_GAIN."""
-    points = {p.id: p for p in config.points}
-    for row in summary:
-        if row.get("cause") != "implausible" or row.get("verdict") is None:
-            continue
-        key = verdict_key(config, points[row["point"]], row["workload"], row["arm"])
-        sure = row["ci_low"] if math.isfinite(row.get("ci_low", math.nan)) else row["speedup_vs_baseline"]
-        detail = (f"the step gained at least {sure:.3f}x, but the replaced region ({row['replaced_share']:.1%} of the "
-                  f"baseline step) allows at most {row['amdahl_bound']:.3f}x: work skipped or moved off the clock, "
-                  f"or the profile's range misses calls")
-        verdicts[key] = flag_implausible(verdicts[key], detail)
-        row.update(verdict=verdicts[key].verdict, reasons=",".join(verdicts[key].reasons), advice=verdicts[key].advice)
 
 
 def _run_workload(unit: Unit) -> None:

@@ -151,13 +151,13 @@ def test_an_in_process_call_records_its_own_command_line(monkeypatch):
     from e2eprof import cli
 
     seen = []
-    monkeypatch.setattr(cli, "_run", lambda config, resume=False: seen.append(config) or 0)
+    monkeypatch.setattr(cli, "_run", lambda config, resume=False, outputs=None: seen.append(config) or 0)
     monkeypatch.setattr(sys, "argv", ["self_benchmark.py", "--part", "aa"])
     assert cli.main(["calibrate", "--model", "gpt2-tiny", "--device", "cpu", "--seed", "3"]) == 0
     assert seen[0].command_line == "e2eprof calibrate --model gpt2-tiny --device cpu --seed 3"
 
 
-@pytest.mark.parametrize("command", ["compare", "calibrate", "microbench"])
+@pytest.mark.parametrize("command", ["compare", "calibrate", "microbench", "gate"])
 def test_every_option_shows_its_default(command):
     """`--steps`, `--block-steps` and `--new-tokens` had no default in --help: they depend on the device, and the
     help now says both. An option typer cannot show a default for (None, or a one-name flag) must say it itself."""
@@ -168,8 +168,8 @@ def test_every_option_shows_its_default(command):
     click_command = typer.main.get_command(app).commands[command]
     missing = []
     for param in click_command.params:
-        if param.name == "help" or not getattr(param, "help", None) and param.param_type_name == "argument":
-            continue
+        if param.name == "help" or param.param_type_name == "argument" and param.required:
+            continue  # a required argument has no default to show
         shown_by_typer = param.default is not None and not (param.is_flag and not param.secondary_opts)
         if not shown_by_typer and "default" not in (param.help or ""):
             missing.append(param.opts[0])

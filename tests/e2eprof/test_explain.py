@@ -9,7 +9,7 @@ import pytest
 
 from e2eprof.config import CompareConfig
 from e2eprof.analysis.explain import amdahl, amdahl_bound, explain, op_diff
-from e2eprof.runner import _flag_implausible
+from e2eprof.analysis.judge import _flag_implausible
 from e2eprof.analysis.verdict import FAIL, FASTER, IMPLAUSIBLE_GAIN, INCONCLUSIVE, PASS, Verdict
 
 
