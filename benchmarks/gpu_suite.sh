@@ -19,10 +19,15 @@
 #   host-bound     benchmarks/process_spread.py on decode and generate (8 identical processes, with and without pinning)
 #   startup        benchmarks/worker_startup.py (one worker's start-up, step by step)
 #   multi-gpu      train-ddp and train-fsdp, --nproc 2 (needs two GPUs)
+#   host-cost      benchmarks/host_overhead.py --device cuda (each built-in op's host cost per call vs the stock op)
+#   repeat         the default command twice on a fresh compile cache (OUT_DIR/repeat/compile-cache): first and repeat
+#   candidates     several candidates per run, Liger-Kernel beside ours (needs liger-kernel importable): gpt2 softmax
+#                  (fastsoftmax, liger-softmax, fusedsoftmax) and layernorm; llama-1b norms and MLPs in inference,
+#                  norms and liger-flce (memory) in training
 #
 # Environment: PYTHON (default python3); E2EPROF_EXTRA, options added to every e2eprof command (a CPU dry run:
 # E2EPROF_EXTRA="--device cpu --steps 6 --seq 16" with MODEL=gpt2-tiny); MODEL overrides gpt2 in default,
-# results-table and sweep; TIMEOUT (seconds, default none) bounds each command.
+# results-table, sweep and repeat; BUDGET the timing budget of each candidates run (default 12 s); TIMEOUT (seconds, default none) bounds each command.
 # Installs nothing: e2eprof runs from the checkout (PYTHONPATH) with the torch, transformers and triton installed.
 set -uo pipefail
 
@@ -101,6 +106,24 @@ for part in "${PARTS[@]}"; do
         compare "$dir" "$model-$patch-$workload" compare --model "$model" --patch "$patch" --workload "$workload" \
           --nproc 2 --device cuda --reference sdpa --budget 20 ${extra:-}
       done ;;
+    host-cost) step "$dir" host_overhead "$PY" benchmarks/host_overhead.py --device cuda --out "$dir/host-cost" ;;
+    repeat)
+      export E2EPROF_COMPILE_CACHE="$dir/compile-cache"
+      rm -rf "$E2EPROF_COMPILE_CACHE"
+      compare "$dir" "$MODEL_-fastsoftmax-first" compare --model "$MODEL_" --patch fastsoftmax
+      compare "$dir" "$MODEL_-fastsoftmax-repeat" compare --model "$MODEL_" --patch fastsoftmax
+      unset E2EPROF_COMPILE_CACHE ;;
+    candidates)
+      compare "$dir" gpt2-softmax-candidates compare --model gpt2 --patch fastsoftmax --patch liger-softmax \
+        --patch fusedsoftmax --workload train,infer --no-profile --budget "${BUDGET:-12}"
+      compare "$dir" gpt2-layernorm-candidates compare --model gpt2 --patch fastlayernorm --patch liger-layernorm \
+        --workload train,infer --no-profile --budget "${BUDGET:-12}"
+      # Inference with both stock references; training with one process per arm and no reference arms, because
+      # five llama-1b training processes and the fp64 reference do not fit in one 141 GB card.
+      compare "$dir" llama-1b-infer-candidates compare --model llama-1b --batch 8 --patch rmsnorm --patch liger-rmsnorm \
+        --patch swiglu --patch liger-swiglu --workload infer --no-profile --budget "${BUDGET:-12}"
+      compare "$dir" llama-1b-train-candidates compare --model llama-1b --batch 4 --patch rmsnorm --patch liger-rmsnorm \
+        --patch liger-flce --workload train --replicas 1 --reference none --no-profile --budget "${BUDGET:-12}" ;;
     *) echo "gpu_suite: unknown part '$part'" >&2; exit 2 ;;
   esac
 done
