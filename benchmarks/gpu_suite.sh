@@ -23,7 +23,7 @@
 #   repeat         the default command twice on a fresh compile cache (OUT_DIR/repeat/compile-cache): first and repeat
 #   candidates     several candidates per run, Liger-Kernel beside ours (needs liger-kernel importable): gpt2 softmax
 #                  (fastsoftmax, liger-softmax, fusedsoftmax) and layernorm; llama-1b norms and MLPs in inference,
-#                  norms and liger-flce (memory) in training
+#                  norms and liger-flce (memory) in training; candidates-gpt2 and candidates-llama run either half
 #
 # Environment: PYTHON (default python3); E2EPROF_EXTRA, options added to every e2eprof command (a CPU dry run:
 # E2EPROF_EXTRA="--device cpu --steps 6 --seq 16" with MODEL=gpt2-tiny); MODEL overrides gpt2 in default,
@@ -113,11 +113,13 @@ for part in "${PARTS[@]}"; do
       compare "$dir" "$MODEL_-fastsoftmax-first" compare --model "$MODEL_" --patch fastsoftmax
       compare "$dir" "$MODEL_-fastsoftmax-repeat" compare --model "$MODEL_" --patch fastsoftmax
       unset E2EPROF_COMPILE_CACHE ;;
-    candidates)
+    candidates) bash "$0" "$OUT" candidates-gpt2 candidates-llama || worst=$? ;;
+    candidates-gpt2)
       compare "$dir" gpt2-softmax-candidates compare --model gpt2 --patch fastsoftmax --patch liger-softmax \
         --patch fusedsoftmax --workload train,infer --no-profile --budget "${BUDGET:-12}"
       compare "$dir" gpt2-layernorm-candidates compare --model gpt2 --patch fastlayernorm --patch liger-layernorm \
-        --workload train,infer --no-profile --budget "${BUDGET:-12}"
+        --workload train,infer --no-profile --budget "${BUDGET:-12}" ;;
+    candidates-llama)
       # Inference with both stock references; training with one process per arm and no reference arms, because
       # five llama-1b training processes and the fp64 reference do not fit in one 141 GB card.
       compare "$dir" llama-1b-infer-candidates compare --model llama-1b --batch 8 --patch rmsnorm --patch liger-rmsnorm \

@@ -1,7 +1,8 @@
 """Liger's softmax (eager attention of GPT-2, BERT and Llama) and RoPE (Llama) as function targets.
 
 Both adapters keep the replaced function's signature. Liger's softmax normalises the last dimension and returns
-the input dtype; the adapter moves `dim` last and casts to what the stock call returns in the same autocast state.
+the input dtype; the adapter moves `dim` last and computes in the dtype the stock call returns in the same autocast
+state.
 Liger's RoPE rotates q and k in place and returns them: the gate's input_mutated check reports that, by design.
 """
 
@@ -24,8 +25,10 @@ def liger_softmax_like_torch(input: torch.Tensor, dim: int | None = None, _stack
     autocast_on = torch.is_autocast_enabled(device_type)
     out_dtype = _stock_output_dtype(device_type, input.dtype, dtype, autocast_on,
                                     torch.get_autocast_dtype(device_type) if autocast_on else None)
-    x = (input if dtype is None else input.to(dtype)).movedim(dim, -1)
-    return liger_softmax(x.contiguous()).movedim(-1, dim).to(out_dtype)
+    # Computed in the dtype the stock call returns: under autocast softmax runs in fp32 (an fp32-list op), and a
+    # bf16 result cast up afterwards would carry bf16 rounding the stock path never has.
+    x = input.to(out_dtype).movedim(dim, -1)
+    return liger_softmax(x.contiguous()).movedim(-1, dim)
 
 
 def _rope_arguments(q, k, cos, sin, unsqueeze_dim=1):

@@ -24,7 +24,19 @@ def _compile_in_fresh_process(env: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+INDUCTOR_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE",
+                      "TORCHINDUCTOR_AUTOGRAD_CACHE")
+
+
+def _without_inductor_variables(monkeypatch):
+    # Inductor writes TORCHINDUCTOR_CACHE_DIR into os.environ when a test compiles in-process; that would read as
+    # a user's own setting here.
+    for name in INDUCTOR_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
 def test_folder_follows_the_variable_and_can_be_turned_off(tmp_path, monkeypatch):
+    _without_inductor_variables(monkeypatch)
     monkeypatch.setenv(compile_cache.VARIABLE, str(tmp_path / "mine"))
     assert compile_cache.folder() == tmp_path / "mine"
     assert compile_cache.environment()["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path / "mine"))
@@ -47,8 +59,7 @@ def test_a_users_own_inductor_folder_wins(tmp_path, monkeypatch):
 
 def test_second_process_loads_the_first_ones_compilation(tmp_path, monkeypatch):
     monkeypatch.setenv(compile_cache.VARIABLE, str(tmp_path / "cache"))
-    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE"):
-        monkeypatch.delenv(name, raising=False)
+    _without_inductor_variables(monkeypatch)
     env = {**os.environ, **compile_cache.environment(), "PYTHONPATH": os.getcwd()}
     first = _compile_in_fresh_process(env)
     assert first["fxgraph_cache_misses"] >= 1 and first["fxgraph_cache_hits"] == 0

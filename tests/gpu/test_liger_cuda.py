@@ -32,6 +32,16 @@ MODELS = {
     "liger-flce": "llama-tiny", "liger-flce-gpt2": "gpt2-tiny",
 }
 MUTATE_INPUTS = {"liger-rope", "liger-cross-entropy"}  # Liger writes q/k (RoPE) and the logits' gradient (CE) in place
+# What the gate finds in Liger-Kernel 0.8.5 on the H200 (reports/2026-12-04-h200-gpu-tests): (patch, dtype) -> the
+# check it fails and a phrase of its detail. A change in Liger, or in the gate, shows here as a failing test.
+KNOWN_FINDINGS = {
+    # Both overflow at |x| near fp32's largest / 4; Liger's backward gives NaN/Inf where the stock op's stays finite.
+    ("liger-rmsnorm", "fp32"): ("stress", "near the dtype's largest, backward"),
+    ("liger-rmsnorm", "bf16"): ("stress", "near the dtype's largest, backward"),
+    # Under autocast Llama's cos/sin are fp32 and q/k bf16: the stock rotation promotes to fp32, Liger's returns bf16
+    # (as Liger's own apply_liger_kernel_to_llama deploys it).
+    ("liger-rope", "bf16"): ("output", "dtype bfloat16 != "),
+}
 
 
 def _checks(name: str, dtype: torch.dtype):
@@ -54,20 +64,29 @@ def _checks(name: str, dtype: torch.dtype):
 def test_liger_patch_through_the_per_call_gate(name, dtype):
     checks = _checks(name, dtype)
     assert checks, "the patch was never called"
-    assert all(c.passed for c in checks), [(c.signature, c.problems) for c in checks]
-    mutated = {c.signature: c.findings.get("input_mutated", [0])[0] for c in checks}
-    if name in MUTATE_INPUTS:
-        assert all(mutated[c.signature] == c.calls for c in checks), mutated
+    known = KNOWN_FINDINGS.get((name, "fp32" if dtype == torch.float32 else "bf16"))
+    problems = [p for c in checks for p in c.problems]
+    findings = {m: v for c in checks for m, v in c.findings.items() if v[0] and not (m == "input_mutated"
+                                                                                      and name in MUTATE_INPUTS)}
+    if known is None:
+        assert not problems, [(c.signature, c.problems) for c in checks]
+        assert not findings, findings
+    elif known[0] == "output":  # a per-call comparison with the stock op fails
+        assert any(known[1] in p for p in problems), problems
     else:
-        others = {c.signature: {m: v for m, v in c.findings.items() if v[0]} for c in checks}
-        assert not any(others.values()), others
+        assert not problems, problems
+        assert known[0] in findings and known[1] in findings[known[0]][1], findings
+    if name in MUTATE_INPUTS and known is None:
+        mutated = {c.signature: c.findings.get("input_mutated", [0])[0] for c in checks}
+        assert all(mutated[c.signature] == c.calls for c in checks), mutated
 
 
 def test_liger_flce_compare_passes_the_gate_and_saves_memory(tmp_path):
     out = tmp_path / "flce"
     result = subprocess.run([sys.executable, "-m", "e2eprof", "compare", "--model", "gpt2", "--patch", "liger-flce-gpt2",
                              "--batch", "8", "--seq", "1024", "--steps", "12", "--block-steps", "3", "--out", str(out)],
-                            capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])},
                             timeout=1200)
     assert result.returncode in (0, 1, 3), result.stderr
     assert "not running infer, decode" in result.stderr + result.stdout
