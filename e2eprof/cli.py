@@ -324,7 +324,8 @@ def gate(
     if json_out:
         print(json.dumps(result.document, indent=2))
     else:
-        print_summary(out_console, pd.DataFrame(result.judgement.summary), result.judgement.verdicts, run_dir)
+        print_summary(out_console, pd.DataFrame(result.judgement.summary), result.judgement.verdicts, run_dir,
+                      result.judgement.ranking)
         print_outcome(out_console, result.judgement.overall, result.exit_code, result.config.device)
         _error_line("e2eprof gate: " + ("; ".join(result.changed) if result.changed else "no verdict changed"))
     publish.publish(result.document, outputs)

@@ -111,16 +111,20 @@ def _beats_line(candidate: pd.Series, references: list[str]) -> str | None:
     return "; ".join(parts) or None
 
 
-def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir) -> None:
-    """One table per workload (a grid of points x workloads for a sweep), then the verdicts and where the report lives."""
+def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir,
+                  ranking: dict | None = None) -> None:
+    """One table per workload (a grid of points x workloads for a sweep), then the verdicts and where the report lives.
+
+    ranking: several candidates' ranking as just judged (`e2eprof gate`); None reads the one run.parquet recorded."""
     if "point" in summary and summary["point"].nunique() > 1:
-        print_sweep(console, summary, verdicts, run_dir)
+        print_sweep(console, summary, verdicts, run_dir, ranking)
         return
     for workload, rows in summary.groupby("workload", sort=False):
         references = _reference_arms(rows)
         candidate_rows = rows[rows.verdict.notna()] if "verdict" in rows else rows.iloc[0:0]
         candidate = candidate_rows.iloc[0] if len(candidate_rows) else None
-        name = candidate["arm"] if candidate is not None else "patched"
+        # Several candidates: each candidate's row holds its own figure against the reference.
+        name = (candidate["arm"] if candidate is not None else "patched") if len(candidate_rows) <= 1 else "candidate"
         table = Table(title=f"{workload}", title_justify="left", show_lines=False)
         columns = ["arm", "median ms", "p10/p90 ms", "cold ms", "vs baseline [CI]",
                    *[f"{name} vs {ref} [CI]" for ref in references], "correct"]
@@ -147,8 +151,9 @@ def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_d
             console.print(f"  timing: {int(candidate.get('blocks', 0))} blocks per arm ({candidate.get('stop_reason', '-')})"
                           + (f" in each of {processes} processes" if processes > 1 else "")
                           + f"; smallest resolvable effect ~{candidate['mde'] * 100:.2f}%")
-        if candidate is not None and (line := _beats_line(candidate, references)):
-            console.print(f"  {name}: {line}")
+        for _, each in candidate_rows.iterrows():  # every candidate answers for itself
+            if line := _beats_line(each, references):
+                console.print(f"  {each['arm']}: {line}")
         patched = rows[rows.arm == "patched"]
         if len(patched) and "predicted_speedup" in patched and not pd.isna(patched.iloc[0].get("predicted_speedup")):
             r = patched.iloc[0]
@@ -167,20 +172,21 @@ def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_d
         for who, verdict in mine.items():
             console.print(f"  verdict {who}: [{VERDICT_STYLE[verdict.verdict]}]{verdict.verdict}[/] ({', '.join(verdict.reasons)})".replace(" :", ":")
                           + (f" — {verdict.advice}" if verdict.advice else ""))
-    _print_ranking(console, summary, run_dir)
+    _print_ranking(console, summary, run_dir, ranking)
     console.print(f"report: {run_dir}")
 
 
-def _print_ranking(console: Console, summary: pd.DataFrame, run_dir) -> None:
+def _print_ranking(console: Console, summary: pd.DataFrame, run_dir, ranking: dict | None = None) -> None:
     """Several candidates: their ranking by speedup over the baseline, and the best one that passes."""
     if "candidate" not in summary or not summary["candidate"].notna().any():
         return
-    import json
-    from e2eprof.tables import reports
-    try:
-        ranking = json.loads(reports.read_table(run_dir, "run").iloc[0]["candidates_json"])
-    except Exception:  # an unreadable run row: the summary's columns still rank them
-        return
+    if ranking is None:
+        import json
+        from e2eprof.tables import reports
+        try:
+            ranking = json.loads(reports.read_table(run_dir, "run").iloc[0]["candidates_json"])
+        except Exception:  # an unreadable run row: the summary's columns still rank them
+            return
     shown = [f"{i + 1}. {name} {ranking['gmean'][name]:.3f}x" for i, name in enumerate(ranking["ranking"])]
     console.print("candidates by speedup over the baseline (geometric mean over workloads): " + ("; ".join(shown) or "none passed its gate"))
     unranked = [name for name in ranking["gmean"] if name not in ranking["ranking"]]
@@ -244,7 +250,7 @@ def _cell(row: pd.Series | None) -> str:
     return f"{_interval(row.get('speedup_vs_baseline'), row.get('ci_low'), row.get('ci_high'))} {shown}"
 
 
-def print_sweep(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir) -> None:
+def print_sweep(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir, ranking: dict | None = None) -> None:
     """A grid of point x workload -> speedup [CI] verdict, where the kernel wins and loses, memory, the overall verdict."""
     judged = summary[summary["verdict"].notna()]
     points = list(dict.fromkeys(summary["point"]))
@@ -287,5 +293,5 @@ def print_sweep(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir
         verdict = worst(overall)
         counts = ", ".join(f"{overall.count(v)} {v}" for v in ("PASS", "INCONCLUSIVE", "FAIL") if overall.count(v))
         console.print(f"overall: [{VERDICT_STYLE[verdict]}]{verdict}[/] (worst of {len(overall)} point/workload verdicts: {counts})")
-    _print_ranking(console, summary, run_dir)
+    _print_ranking(console, summary, run_dir, ranking)
     console.print(f"report: {run_dir}")

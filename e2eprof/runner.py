@@ -268,7 +268,8 @@ def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = Fa
                 run_row["verdict"] = judgement.overall
                 if judgement.ranking is not None:
                     run_row["candidates_json"] = reports.to_json(judgement.ranking)
-                verdict_document.write(out_dir, run_row, config, summary, judgement.overall, judgement.ranking)
+        # After the block, so the document's run status reads complete, as run.parquet's does.
+        verdict_document.write(out_dir, run_row, config, summary, judgement.overall, judgement.ranking)
     finally:
         sampler.stop()
         state.flush()

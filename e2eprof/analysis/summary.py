@@ -352,7 +352,8 @@ def _decide_workload(workload, info, checks, config, failed_arms, balance, candi
         n_baseline=len(data.samples.get("baseline", [])), n_patched=len(data.samples.get(candidate, [])),
         ratio=ci.ratio if ci else math.nan, ci_low=ci.low if ci else math.nan, ci_high=ci.high if ci else math.nan,
         p_adjusted=info["p_adjusted"], alpha=1 - config.confidence, min_speedup=config.min_speedup,
-        balance=[b for b in balance or [] if b["workload"] == workload],
+        # Only the two arms this verdict compares: another candidate's (or a reference's) clocks say nothing about it.
+        balance=[b for b in balance or [] if b["workload"] == workload and b["arm"] in (candidate, "baseline")],
     )
     if config.aa:
         return decide_aa(target_half_width=config.target_half_width, correct=_arm_checks_pass(checks[~checks.metric.isin(KERNEL_PROOF_METRICS)] if len(checks) else checks,

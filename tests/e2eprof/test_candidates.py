@@ -269,3 +269,25 @@ def test_the_report_shows_each_candidate_and_the_ranking(three):
     assert "## Candidates" in text and text.count(" vs ") >= len(table(out, "pairwise"))
     code = EXIT_CODES[table(out, "run").verdict.iloc[0]]
     assert f"(exit code {code}; FAIL if any candidate is broken, else the best candidate's)" in text
+
+
+H200_CANDIDATES = Path(__file__).resolve().parents[1] / "data" / "h200-runs" / "2026-12-04-h200-llama-1b-candidates"
+
+
+def test_a_candidates_verdict_weighs_only_its_own_arms_clocks(tmp_path):
+    """H200, llama-1b infer, four candidates: liger-swiglu's arm ran at a 2.02% higher SM clock than the baseline's
+    (over the 2% limit), the others within 1%. Only liger-swiglu's verdict may carry CLOCK_IMBALANCE; the run as
+    recorded (before the fix) called rmsnorm and swiglu INCONCLUSIVE for it."""
+    import shutil
+
+    from e2eprof.signoff.regate import regate
+
+    run = tmp_path / "run"
+    shutil.copytree(H200_CANDIDATES, run)
+    balance = pd.read_parquet(run / "balance.parquet").set_index("arm")
+    assert balance.loc["patched:liger-swiglu", "clock_imbalance"]
+    assert not balance.drop("patched:liger-swiglu").clock_imbalance.any()
+    judged = regate(run, None).judgement
+    reasons = {r["candidate"]: str(r["reasons"]) for r in judged.summary if r.get("verdict") is not None}
+    assert "CLOCK_IMBALANCE" not in reasons["rmsnorm"] and "CLOCK_IMBALANCE" not in reasons["swiglu"], reasons
+    assert judged.ranking["best"] == "rmsnorm" and "liger-rmsnorm" not in judged.ranking["ranking"]

@@ -104,6 +104,7 @@ def test_verdict_json_fields(cpu_run):
     doc = json.loads((base / "run" / "verdict.json").read_text())
     assert doc["schema"] == document.SCHEMA and doc["version"] == document.VERSION
     assert {"run", "policy", "verdict", "exit_code", "verdicts"} <= set(doc)
+    assert doc["run"]["status"] == "complete"  # written once the run is, as run.parquet says
     for entry in doc["verdicts"]:
         assert {"point", "workload", "candidate", "verdict", "reasons", "advice", "speedup", "ci_low", "ci_high",
                 "confidence"} <= set(entry)
