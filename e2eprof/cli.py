@@ -6,7 +6,6 @@ Exit codes: 0 PASS, 1 FAIL, 3 INCONCLUSIVE (worst over workloads), 2 bad usage, 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shlex
 import signal
@@ -19,7 +18,12 @@ import typer
 from rich.console import Console
 
 from e2eprof import catalog, interrupt, startup
-from e2eprof.config import DEFAULT_WORKLOADS, CompareConfig, DeviceDefaults
+from e2eprof.cli_help import (
+    BATCH_HELP, BLOCK_STEPS_HELP, BUDGET_HELP, DEVICE_HELP, DTYPE_HELP, ISOLATE_HELP, MIN_SPEEDUP_HELP, MODEL_HELP,
+    NEW_TOKENS_HELP, OUT_HELP, PATCH_HELP, PROCESS_NOISE_HELP, REFERENCE_HELP, REPLICAS_HELP, SEQ_HELP, STEPS_HELP,
+    TARGET_CI_HELP, WORKLOAD_HELP, by_device, listed,
+)
+from e2eprof.config import DEFAULT_WORKLOADS
 from e2eprof.errors import E2EProfError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -50,57 +54,6 @@ def _values(option: str, value: str | None, kind: type = str):
     except ValueError:
         raise UsageError(f"{option}: '{value}' is not a comma-separated list of integers") from None
     return values[0] if len(values) == 1 else values
-
-
-# Help texts are built from the same catalog `e2eprof list` reads and from the defaults a run really uses, so a new
-# preset, patch or default shows up here without anyone editing a string.
-_GPU, _CPU = DeviceDefaults.for_device("cuda"), DeviceDefaults.for_device("cpu")
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(CompareConfig)}
-
-
-def _by_device(field: str, show=str) -> str:
-    """'(default: 40 on GPU, 6 on CPU)' for a default that depends on the device."""
-    gpu, cpu = show(getattr(_GPU, field)), show(getattr(_CPU, field))
-    return f"(default: {gpu})" if gpu == cpu else f"(default: {gpu} on GPU, {cpu} on CPU)"
-
-
-def _arms(arms) -> str:
-    return ",".join(arms) or "none"
-
-
-def _listed(names) -> str:
-    return ", ".join(names)
-
-
-MODEL_HELP = f"Preset ({_listed(catalog.model_presets())}) or a local Hugging Face folder (config.json + *.safetensors)."
-PATCH_HELP = ("Patch: built-in (" + _listed(catalog.builtin_patches() + catalog.installed_patches())
-              + "), file.py[:NAME] or package.module:NAME.")
-WORKLOAD_HELP = f"{_listed(catalog.workloads())} (repeat or comma-separate)."
-DEVICE_HELP = "auto (a GPU when one is visible), cpu, cuda or cuda:N."
-BATCH_HELP = f"Batch size, or a list such as 1,8,32 to sweep {_by_device('batch')}."
-SEQ_HELP = (f"Sequence length, or a list such as 128,512 to sweep {_by_device('seq')}; never longer than the "
-            f"model's position table.")
-STEPS_HELP = f"Timed warm steps per arm and workload before adaptive extension {_by_device('steps')}."
-BLOCK_STEPS_HELP = f"Steps per interleaved block {_by_device('block_steps')}."
-DTYPE_HELP = f"Autocast dtype: {_listed(catalog.precisions())}, or a list to sweep {_by_device('precision')}."
-NEW_TOKENS_HELP = f"Tokens to generate per step in the decode and generate workloads {_by_device('new_tokens')}."
-REFERENCE_HELP = (f"Stock reference arms: {_listed(catalog.reference_arms())}, or none "
-                  f"{_by_device('reference_arms', _arms)}.")
-MIN_SPEEDUP_HELP = f"PASS needs the speedup interval's lower bound above 1 + this (default: {_DEFAULTS['min_speedup']})."
-BUDGET_HELP = (f"Adaptive length: seconds of timed steps per workload to spend reaching --target-ci; 0 = fixed --steps "
-               f"{_by_device('budget_seconds', lambda v: f'{v:g}')}.")
-TARGET_CI_HELP = (f"Stop adding blocks once the speedup interval's half-width is under this fraction "
-                  f"(default: {_DEFAULTS['target_half_width']}).")
-PROCESS_NOISE_HELP = ("Between-process spread (relative SD of an A/A ratio beyond its interval) folded into every "
-                      f"interval, 0 = off {_by_device('process_noise', lambda v: f'{v:g}')}; "
-                      "benchmarks/self_benchmark.py --part aa measures yours.")
-REPLICAS_HELP = ("Identical worker processes for the baseline and the candidate arm each "
-                 f"{_by_device('replicas')}; each process has its own step-time offset, and N per arm shrink that "
-                 "part of the interval by sqrt(N).")
-ISOLATE_HELP = ("Worker isolation: all, none, or a comma list of cores (own CPU cores per worker), threads (intra-op "
-                "threads sized to them), passive (idle OpenMP threads sleep), gc (no garbage collection inside timed "
-                "steps) (default: threads,passive,gc).")
-OUT_HELP = "Report directory (default: e2eprof-runs/<UTC time>-<model>-<patch>/ under the working directory)."
 
 
 @app.command()
@@ -162,11 +115,11 @@ def calibrate(
     patch: Annotated[str, typer.Option(help="The comparison whose baseline is calibrated (its attention implementation is used). " + PATCH_HELP)] = "fastsoftmax",
     workload: Annotated[Optional[list[str]], typer.Option(help=WORKLOAD_HELP + " (default: train)")] = None,
     device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "auto",
-    batch: Annotated[Optional[int], typer.Option(help=f"Batch size {_by_device('batch')}.")] = None,
-    seq: Annotated[Optional[int], typer.Option(help=f"Sequence length {_by_device('seq')}.")] = None,
+    batch: Annotated[Optional[int], typer.Option(help=f"Batch size {by_device('batch')}.")] = None,
+    seq: Annotated[Optional[int], typer.Option(help=f"Sequence length {by_device('seq')}.")] = None,
     steps: Annotated[Optional[int], typer.Option(help=STEPS_HELP)] = None,
     block_steps: Annotated[Optional[int], typer.Option(help=BLOCK_STEPS_HELP)] = None,
-    dtype: Annotated[Optional[str], typer.Option(help=f"Autocast dtype: {_listed(catalog.precisions())} {_by_device('precision')}.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help=f"Autocast dtype: {listed(catalog.precisions())} {by_device('precision')}.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for weights and batches.")] = 0,
     budget: Annotated[Optional[float], typer.Option(help=BUDGET_HELP)] = None,
     process_noise: Annotated[Optional[float], typer.Option(help=PROCESS_NOISE_HELP)] = None,
@@ -335,11 +288,11 @@ def gate(
 @app.command("microbench")
 def microbench(
     patch: Annotated[str, typer.Option(help=PATCH_HELP)] = "fastsoftmax",
-    model: Annotated[Optional[str], typer.Option(help=f"Model whose calls are captured: {_listed(catalog.model_presets())} or a local folder (default: the first preset of the patch's architectures, e.g. gpt2).")] = None,
+    model: Annotated[Optional[str], typer.Option(help=f"Model whose calls are captured: {listed(catalog.model_presets())} or a local folder (default: the first preset of the patch's architectures, e.g. gpt2).")] = None,
     device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "auto",
-    batch: Annotated[Optional[int], typer.Option(help=f"Batch size of the captured steps {_by_device('batch')}.")] = None,
-    seq: Annotated[Optional[int], typer.Option(help=f"Sequence length of the captured steps {_by_device('seq')}.")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help=f"Autocast dtype of the captured steps: {_listed(catalog.precisions())} {_by_device('precision')}.")] = None,
+    batch: Annotated[Optional[int], typer.Option(help=f"Batch size of the captured steps {by_device('batch')}.")] = None,
+    seq: Annotated[Optional[int], typer.Option(help=f"Sequence length of the captured steps {by_device('seq')}.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help=f"Autocast dtype of the captured steps: {listed(catalog.precisions())} {by_device('precision')}.")] = None,
     trials: Annotated[int, typer.Option(help="Timed calls per shape, impl and pass (>= 30).")] = 30,
     sweep: Annotated[bool, typer.Option(help="Also sweep sizes and dtypes around the model's shapes.")] = True,
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Time torch.compile of the stock op (default: --compile on GPU, --no-compile on CPU).")] = None,
