@@ -27,7 +27,7 @@
 #
 # Environment: PYTHON (default python3); E2EPROF_EXTRA, options added to every e2eprof command (a CPU dry run:
 # E2EPROF_EXTRA="--device cpu --steps 6 --seq 16" with MODEL=gpt2-tiny); MODEL overrides gpt2 in default,
-# results-table, sweep and repeat; BUDGET the timing budget of each candidates run (default 12 s); TIMEOUT (seconds, default none) bounds each command.
+# results-table, sweep and repeat; BUDGET the timing budget of each candidates run (default 12 s), REPLICAS its processes per arm (default 1); TIMEOUT (seconds, default none) bounds each command.
 # Installs nothing: e2eprof runs from the checkout (PYTHONPATH) with the torch, transformers and triton installed.
 set -uo pipefail
 
@@ -115,15 +115,18 @@ for part in "${PARTS[@]}"; do
       unset E2EPROF_COMPILE_CACHE ;;
     candidates) bash "$0" "$OUT" candidates-gpt2 candidates-llama || worst=$? ;;
     candidates-gpt2)
+      # One process per arm by default (REPLICAS): three candidates beside both references at two per arm are ten
+      # processes, and on the H200 those had not finished training's correctness checks after six minutes.
       compare "$dir" gpt2-softmax-candidates compare --model gpt2 --patch fastsoftmax --patch liger-softmax \
-        --patch fusedsoftmax --workload train,infer --no-profile --budget "${BUDGET:-12}"
+        --patch fusedsoftmax --workload train,infer --replicas "${REPLICAS:-1}" --no-profile --budget "${BUDGET:-12}"
       compare "$dir" gpt2-layernorm-candidates compare --model gpt2 --patch fastlayernorm --patch liger-layernorm \
-        --workload train,infer --no-profile --budget "${BUDGET:-12}" ;;
+        --workload train,infer --replicas "${REPLICAS:-1}" --no-profile --budget "${BUDGET:-12}" ;;
     candidates-llama)
       # Inference with both stock references; training with one process per arm and no reference arms, because
       # five llama-1b training processes and the fp64 reference do not fit in one 141 GB card.
       compare "$dir" llama-1b-infer-candidates compare --model llama-1b --batch 8 --patch rmsnorm --patch liger-rmsnorm \
-        --patch swiglu --patch liger-swiglu --workload infer --no-profile --budget "${BUDGET:-12}"
+        --patch swiglu --patch liger-swiglu --workload infer --replicas "${REPLICAS:-1}" --no-profile \
+        --budget "${BUDGET:-12}"
       compare "$dir" llama-1b-train-candidates compare --model llama-1b --batch 4 --patch rmsnorm --patch liger-rmsnorm \
         --patch liger-flce --workload train --replicas 1 --reference none --no-profile --budget "${BUDGET:-12}" ;;
     *) echo "gpu_suite: unknown part '$part'" >&2; exit 2 ;;
