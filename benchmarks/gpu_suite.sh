@@ -38,6 +38,11 @@ fi
 OUT=$1; shift
 PARTS=("$@")
 [ "${#PARTS[@]}" -eq 0 ] && PARTS=(tests default)
+expanded=()
+for part in "${PARTS[@]}"; do  # candidates is its two halves
+  if [ "$part" = candidates ]; then expanded+=(candidates-gpt2 candidates-llama); else expanded+=("$part"); fi
+done
+PARTS=("${expanded[@]}")
 PY=${PYTHON:-python3}
 MODEL_=${MODEL:-gpt2}
 RESULTS=${RESULTS:-$OUT/self-benchmark}
@@ -113,7 +118,6 @@ for part in "${PARTS[@]}"; do
       compare "$dir" "$MODEL_-fastsoftmax-first" compare --model "$MODEL_" --patch fastsoftmax
       compare "$dir" "$MODEL_-fastsoftmax-repeat" compare --model "$MODEL_" --patch fastsoftmax
       unset E2EPROF_COMPILE_CACHE ;;
-    candidates) bash "$0" "$OUT" candidates-gpt2 candidates-llama || worst=$? ;;
     candidates-gpt2)
       # One process per arm by default (REPLICAS): three candidates beside both references at two per arm are ten
       # processes, and on the H200 those had not finished training's correctness checks after six minutes.

@@ -124,7 +124,7 @@ def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_d
         candidate_rows = rows[rows.verdict.notna()] if "verdict" in rows else rows.iloc[0:0]
         candidate = candidate_rows.iloc[0] if len(candidate_rows) else None
         # Several candidates: each candidate's row holds its own figure against the reference.
-        name = (candidate["arm"] if candidate is not None else "patched") if len(candidate_rows) <= 1 else "candidate"
+        name = "candidate" if len(candidate_rows) > 1 else candidate["arm"] if candidate is not None else "patched"
         table = Table(title=f"{workload}", title_justify="left", show_lines=False)
         columns = ["arm", "median ms", "p10/p90 ms", "cold ms", "vs baseline [CI]",
                    *[f"{name} vs {ref} [CI]" for ref in references], "correct"]
