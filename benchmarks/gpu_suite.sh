@@ -121,10 +121,12 @@ for part in "${PARTS[@]}"; do
     candidates-gpt2)
       # One process per arm by default (REPLICAS): three candidates beside both references at two per arm are ten
       # processes, and on the H200 those had not finished training's correctness checks after six minutes.
+      # Decode too for the softmax kernels (the decoder replays a CUDA graph, so capturability is checked); fastgelu
+      # rides with the layernorm kernels (another site, the same SDPA baseline), so every gpt2 kernel is measured.
       compare "$dir" gpt2-softmax-candidates compare --model gpt2 --patch fastsoftmax --patch liger-softmax \
-        --patch fusedsoftmax --workload train,infer --replicas "${REPLICAS:-1}" --no-profile --budget "${BUDGET:-12}"
+        --patch fusedsoftmax --workload train,infer,decode --replicas "${REPLICAS:-1}" --budget "${BUDGET:-12}"
       compare "$dir" gpt2-layernorm-candidates compare --model gpt2 --patch fastlayernorm --patch liger-layernorm \
-        --workload train,infer --replicas "${REPLICAS:-1}" --no-profile --budget "${BUDGET:-12}" ;;
+        --patch fastgelu --workload train,infer --replicas "${REPLICAS:-1}" --budget "${BUDGET:-12}" ;;
     candidates-llama)
       # Inference with both stock references; training with one process per arm and no reference arms, because
       # five llama-1b training processes and the fp64 reference do not fit in one 141 GB card.
