@@ -1,7 +1,8 @@
 """README results-table rows from compare run directories, so the published figures are read from the runs.
 
 For each RUN_DIR, one markdown row per workload of the patched arm: predicted (Amdahl) and measured step speedup
-with its 95% interval, the verdict, and the patched arm against each stock reference with its interval.
+with its 95% interval, the verdict, and the patched arm against each stock reference with its interval. A run of
+several candidates (`--patch a --patch b`) gives one row per candidate and workload, the candidate named first.
 When the sdpa arm was asked for but not built, the baseline already is stock SDPA (the runner builds none then),
 so "vs SDPA" is the measured speedup itself, and the row says so; a run that did not ask for it says "no sdpa
 arm". A workload a reference sits out shows "-", as does a prediction of a run without a profile.
@@ -39,8 +40,9 @@ def rows(run_dir: Path) -> list[str]:
     arms = set(summary.arm)
     run = RunDir(run_dir).read("run").iloc[0]
     asked = json.loads(run.config_json).get("reference_arms") or []
+    candidates = sorted({a for a in arms if a.startswith("patched:")})
     out = []
-    for record in summary[summary.arm == "patched"].to_dict("records"):
+    for record in summary[summary.arm.isin(candidates or ["patched"])].to_dict("records"):
         # Columns a run may lack: an unprofiled run has no prediction, an older one no compile columns.
         r = {k: record.get(k, math.nan) for k in _COLUMNS}
         verdict = f"{r['verdict']} ({r['reasons']})" if isinstance(r["reasons"], str) and r["reasons"] else str(r["verdict"])
@@ -55,7 +57,8 @@ def rows(run_dir: Path) -> list[str]:
             vs_compile = _with_interval(r["speedup_vs_compile"], r["compile_ci_low"], r["compile_ci_high"])
         else:
             vs_compile = "no compile arm"
-        out.append(f"| {r['workload']} | {_x(r['predicted_speedup'])} | {measured} | {verdict} | {vs_sdpa} | {vs_compile} |")
+        named = f"| {record['arm'].split(':', 1)[1]} " if candidates else ""
+        out.append(f"{named}| {r['workload']} | {_x(r['predicted_speedup'])} | {measured} | {verdict} | {vs_sdpa} | {vs_compile} |")
     return out
 
 
@@ -68,10 +71,12 @@ def main(run_dirs: list[str]) -> int:
         if not (path / "summary.parquet").exists():
             print(f"error: {path} has no summary.parquet (not a finished compare run)", file=sys.stderr)
             return 2
+        lines = rows(path)
+        several = bool(lines) and lines[0].count("|") == 8  # a candidate column before the workload
         print(f"{path.name}:")
-        print("| workload | predicted | measured [95% CI] | verdict | patched vs SDPA | patched vs compile |")
-        print("|---|---|---|---|---|---|")
-        print("\n".join(rows(path)))
+        print(("| candidate " if several else "") + "| workload | predicted | measured [95% CI] | verdict | patched vs SDPA | patched vs compile |")
+        print(("|---" if several else "") + "|---|---|---|---|---|---|")
+        print("\n".join(lines))
     return 0
 
 

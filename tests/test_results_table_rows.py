@@ -56,3 +56,15 @@ def test_a_baseline_that_already_is_sdpa_is_named_so():
     assert done.returncode == 0, done.stderr
     train = next(line for line in done.stdout.splitlines() if line.startswith("| train "))
     assert "| 1.128x [1.117, 1.139] (baseline is stock SDPA) | 0.528x [0.523, 0.533] |" in train
+
+
+def test_a_run_of_several_candidates_gives_a_row_per_candidate_and_workload():
+    # The 2026-12-04 llama-1b run: four candidates, infer, no reference arms.
+    done = run(str(REPORTS / "2026-12-04-h200-llama-1b-candidates"))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("| candidate | workload |")
+    rows = [line for line in lines[3:] if line.startswith("| ")]
+    assert sorted(line.split(" | ")[0][2:] for line in rows) == ["liger-rmsnorm", "liger-swiglu", "rmsnorm", "swiglu"]
+    rmsnorm = next(line for line in rows if line.startswith("| rmsnorm | infer |"))
+    assert "1.111x [1.088, 1.123]" in rmsnorm
