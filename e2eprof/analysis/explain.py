@@ -75,6 +75,8 @@ def op_diff(ops: pd.DataFrame, *, baseline: str = "baseline", patched: str = "pa
         return pd.DataFrame(columns=columns)
     parts = []
     for workload, rows in frame.groupby("workload", sort=False):
+        if not (rows["arm"] == patched).any() or not (rows["arm"] == baseline).any():
+            continue  # an arm with no profile here (it failed, or ran out of memory): no diff, not every op "removed"
         device = pd.to_numeric(rows["self_device_us"], errors="coerce") if "self_device_us" in rows else None
         use_device = device is not None and bool((device.fillna(0) != 0).any())
         basis = "device" if use_device else "cpu"
@@ -86,6 +88,8 @@ def op_diff(ops: pd.DataFrame, *, baseline: str = "baseline", patched: str = "pa
         part["patched_us"] = summed[patched] if patched in summed else math.nan
         part["time_basis"] = basis
         parts.append(part.reset_index())
+    if not parts:
+        return pd.DataFrame(columns=columns)
     out = pd.concat(parts, ignore_index=True)
     in_base, in_patch = out["baseline_us"].notna(), out["patched_us"].notna()
     out["status"] = "changed"

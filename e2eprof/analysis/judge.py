@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -110,8 +111,16 @@ def _explain_into(summary: list[dict], profiles: dict) -> tuple[pd.DataFrame | N
     if not profiles:
         return None, []
     ops = _ops_frame(profiles)
-    # Arms are compared op by op on rank 0 (every rank runs the same ops on its own shard).
-    opdiff = by_point(ops[ops["rank"] == 0], explain.op_diff)
+    # Arms are compared op by op on rank 0 (every rank runs the same ops on its own shard). Several candidates: each
+    # candidate's arm against the baseline, its rows named by the candidate (an arm "patched" would match none).
+    rank0 = ops[ops["rank"] == 0]
+    candidates = sorted({a for a in rank0["arm"] if a.startswith(cand.PREFIX)})
+    if candidates:
+        parts = [by_point(rank0, partial(explain.op_diff, patched=arm)).assign(candidate=arm.removeprefix(cand.PREFIX))
+                 for arm in candidates]
+        opdiff = pd.concat(parts, ignore_index=True)
+    else:
+        opdiff = by_point(rank0, explain.op_diff)
     points = {p.id: p for p, _, _ in profiles}
     rows = []
     for row in summary:
@@ -122,11 +131,14 @@ def _explain_into(summary: list[dict], profiles: dict) -> tuple[pd.DataFrame | N
             row["idle_share"] = profile["idle_share"]
             row["replaced_ms"] = profile["replaced_device_us"] / 1e3 if profile["device_type"] == "cuda" else profile["replaced_cpu_us"] / 1e3
         base = profiles.get((point, row["workload"], "baseline"))
-        if row["arm"] != "patched" or not profile or not base:  # several candidates: no explanation (see candidates)
+        # Several candidates: no Amdahl explanation. The baseline marks one patch's replaced region in its profile,
+        # so f is not each candidate's (an f of 0 would call every gain implausible).
+        if row["arm"] != "patched" or not profile or not base:
             continue
         result = explain.explain(row["workload"], base, profile, row.get("speedup_vs_baseline", math.nan),
                                  measured_low=row.get("ci_low", math.nan))
-        rows.append({**point.columns(), "workload": row["workload"], **{k: v for k, v in result.items() if not isinstance(v, (list, dict))},
+        rows.append({**point.columns(), "workload": row["workload"],
+                     **{k: v for k, v in result.items() if not isinstance(v, (list, dict))},
                      "grown_ops": reports.to_json(result.get("grown_ops"))})
         row.update(replaced_share=result["f"], replaced_speedup=result["s"], predicted_speedup=result["predicted"],
                    amdahl_bound=result["bound"], cause=result["cause"], cause_detail=result["detail"])

@@ -15,6 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullFormatter
+from e2eprof.render.run_tables import candidate_label
 
 # Fixed colours for the arms we know, so the same arm looks the same in every report; others take the cycle below.
 ARM_COLOURS = {"baseline": "#4c72b0", "patched": "#dd8452", "sdpa": "#55a868", "compile": "#8172b3"}
@@ -141,6 +142,9 @@ def op_diff_bars(opdiff: pd.DataFrame | None, workloads: list[str], top: int = 1
     """Top changes per workload, patched minus baseline per step: green saved time, red added time."""
     if opdiff is None:
         return None
+    if "candidate" in opdiff and opdiff["candidate"].notna().any():  # several candidates: a panel per candidate
+        opdiff = opdiff.assign(workload=[candidate_label(r) for _, r in opdiff.iterrows()])
+        workloads = [label for w in workloads for label in dict.fromkeys(opdiff["workload"]) if label.startswith(f"{w} (")]
     shown = [w for w in workloads if (opdiff["workload"] == w).any()]
     if not shown:
         return None

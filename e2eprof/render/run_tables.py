@@ -97,6 +97,12 @@ def missing(value) -> bool:
     return value is None or (not isinstance(value, str) and bool(pd.isna(value)))
 
 
+def candidate_label(row) -> str:
+    """An op diff row's workload, with its candidate where a run had several."""
+    candidate = row.get("candidate")
+    return str(row["workload"]) if missing(candidate) else f"{row['workload']} ({candidate})"
+
+
 def fmt_ms(value) -> str:
     """Milliseconds with about four significant digits: 407.5, 93.11, 5.123."""
     if missing(value):

@@ -314,6 +314,7 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         _c("patched_us", "float64", "op time per step in the patched arm, us"),
         _c("delta_us", "float64", "patched_us - baseline_us"),
         _c("status", meaning="replaced, removed, added, grown, shrunk or same"),
+        _opt("candidate", "str", "several candidates: the candidate whose arm is compared with the baseline"),
         *_point(), _c("run_id"),
     )),
     Table("explain", "Amdahl explanation of the patched arm's speedup per (point, workload)", (

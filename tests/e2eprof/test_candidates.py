@@ -76,6 +76,15 @@ def broken(tmp_path_factory):
     return result, out
 
 
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """Two built-ins on different sites, profiled: the op diff must compare each candidate's arm with the baseline."""
+    out = tmp_path_factory.mktemp("profiled") / "report"
+    fast = tuple(a for a in FAST if a != "--no-profile")
+    result = compare("--patch", "fastgelu", "--patch", "fastlayernorm", *fast, out=out)
+    return result, out
+
+
 def table(out: Path, name: str) -> pd.DataFrame:
     frame = pd.read_parquet(out / f"{name}.parquet")
     assert schema.problems(frame, name) == [], name
@@ -291,3 +300,21 @@ def test_a_candidates_verdict_weighs_only_its_own_arms_clocks(tmp_path):
     reasons = {r["candidate"]: str(r["reasons"]) for r in judged.summary if r.get("verdict") is not None}
     assert "CLOCK_IMBALANCE" not in reasons["rmsnorm"] and "CLOCK_IMBALANCE" not in reasons["swiglu"], reasons
     assert judged.ranking["best"] == "rmsnorm" and "liger-rmsnorm" not in judged.ranking["ranking"]
+
+
+def test_the_op_diff_compares_each_candidate_with_the_baseline(profiled):
+    # Before: the diff looked for an arm named "patched", found none, and listed every baseline op as removed
+    # (seen on the H100: "-8.8 ms aten::mm in lm_head (removed)" under a softmax candidate).
+    result, out = profiled
+    assert result.returncode in (0, 1, 3), result.stderr[-3000:]
+    diff = table(out, "opdiff")
+    assert set(diff.candidate) == {"fastgelu", "fastlayernorm"}
+    for candidate, rows in diff.groupby("candidate"):
+        lm_head = rows[(rows.module == "lm_head") & (rows.op == "aten::mm")]
+        assert len(lm_head) and set(lm_head.status) == {"changed"}, candidate  # in both arms, not removed
+        added = rows[rows.status == "added"]
+        assert added.op.str.contains(f"e2eprof::{candidate}").any(), candidate  # the candidate's own op appears
+    assert "where the time went (fastgelu - baseline" in result.stdout
+    assert "where the time went (fastlayernorm - baseline" in result.stdout
+    # No Amdahl prediction for several candidates (the baseline's profile marks one patch's region only).
+    assert not (out / "explain.parquet").exists() or table(out, "explain").empty
