@@ -119,6 +119,23 @@ class TestCompareToReference:
         assert result.tolerance == 1e-5
         assert not result.passed
 
+    def test_a_zero_exact_result_holds_the_kernel_to_the_stock_residue(self):
+        # A saturated softmax's gradient is exactly zero in fp64; bf16/fp32 paths leave a residue. Both relative errors
+        # are infinite, so the relative rule would fail any kernel the stock path matches (seen on the H100: a decode
+        # stress point at logits x1e6). The kernel is held to the stock path's own absolute residue instead.
+        reference = torch.zeros(64, dtype=torch.float64)
+        stock = torch.full((64,), 1e-7)
+        assert compare(torch.full((64,), 1.9e-7), stock, reference, factor=2.0).passed
+        assert compare(torch.zeros(64), stock, reference, factor=2.0).passed  # the exact answer
+        result = compare(torch.full((64,), 1e-3), stock, reference, factor=2.0)
+        assert not result.passed and any("absolute error" in p and "exact result is zero" in p for p in result.problems)
+        assert not compare(torch.full((64,), INF), stock, reference).passed
+
+    def test_a_zero_exact_result_the_stock_path_meets_exactly_admits_no_residue(self):
+        reference = torch.zeros(8, dtype=torch.float64)
+        result = compare(torch.full((8,), 1e-30), torch.zeros(8), reference, floor=1e-2)
+        assert not result.passed and math.isinf(result.patched_error)
+
     def test_low_magnitude_garbage_is_caught(self):
         # All values ~1e-6: zeros are within any absolute tolerance like 1e-5, but 100% off in relative norm.
         reference = torch.rand(64, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 1e-6 + 1e-6
