@@ -40,6 +40,9 @@ def rows(run_dir: Path) -> list[str]:
     arms = set(summary.arm)
     run = RunDir(run_dir).read("run").iloc[0]
     asked = json.loads(run.config_json).get("reference_arms") or []
+    checks = RunDir(run_dir).read_if_present("correctness")
+    # An sdpa arm that was built and then failed (out of memory, say) has correctness rows; one never built has none.
+    sdpa_failed = checks is not None and bool(((checks.arm == "sdpa") & checks.metric.isin(["arm_failed", "oom"])).any())
     candidates = sorted({a for a in arms if a.startswith("patched:")})
     out = []
     for record in summary[summary.arm.isin(candidates or ["patched"])].to_dict("records"):
@@ -49,6 +52,8 @@ def rows(run_dir: Path) -> list[str]:
         measured = _with_interval(r["speedup_vs_baseline"], r["ci_low"], r["ci_high"])
         if "sdpa" in arms:
             vs_sdpa = _with_interval(r["speedup_vs_sdpa"], r["sdpa_ci_low"], r["sdpa_ci_high"])
+        elif sdpa_failed:
+            vs_sdpa = "sdpa arm failed"
         elif "sdpa" in asked:  # asked for but not built: the runner builds none when the baseline already is SDPA
             vs_sdpa = measured if measured == "-" else f"{measured} (baseline is stock SDPA)"
         else:

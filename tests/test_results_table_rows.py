@@ -68,3 +68,13 @@ def test_a_run_of_several_candidates_gives_a_row_per_candidate_and_workload():
     assert sorted(line.split(" | ")[0][2:] for line in rows) == ["liger-rmsnorm", "liger-swiglu", "rmsnorm", "swiglu"]
     rmsnorm = next(line for line in rows if line.startswith("| rmsnorm | infer |"))
     assert "1.111x [1.088, 1.123]" in rmsnorm
+
+
+def test_an_sdpa_arm_that_failed_is_not_taken_for_an_sdpa_baseline():
+    # 2026-12-05 H100: the sdpa arm ran out of memory in training's cold step and took no further part; the
+    # softmax kernels' baseline is eager attention, so "baseline is stock SDPA" would be false.
+    done = run(str(ROOT / "tests" / "data" / "h100-runs" / "2026-12-05-h100-gpt2-softmax-candidates"))
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| fastsoftmax |")]
+    assert len(rows) == 3 and all("| sdpa arm failed |" in line for line in rows)
+    assert not any("baseline is stock SDPA" in line for line in done.stdout.splitlines())
