@@ -120,7 +120,8 @@ for part in "${PARTS[@]}"; do
       unset E2EPROF_COMPILE_CACHE ;;
     candidates-gpt2)
       # One process per arm by default (REPLICAS): three candidates beside both references at two per arm are ten
-      # processes, and on the H200 those had not finished training's correctness checks after six minutes.
+      # processes, and on the H200 those had not finished training's correctness checks after six minutes. Six gpt2
+      # 8 x 1024 training processes hold ~21 GB each: on an 80 GB card two of them run out of memory (add --seq 512).
       # Decode too for the softmax kernels (the decoder replays a CUDA graph, so capturability is checked); fastgelu
       # rides with the layernorm kernels (another site, the same SDPA baseline), so every gpt2 kernel is measured.
       compare "$dir" gpt2-softmax-candidates compare --model gpt2 --patch fastsoftmax --patch liger-softmax \
