@@ -35,6 +35,11 @@ _COLUMNS = ("workload", "verdict", "reasons", "speedup_vs_baseline", "ci_low", "
             "speedup_vs_sdpa", "sdpa_ci_low", "sdpa_ci_high", "speedup_vs_compile", "compile_ci_low", "compile_ci_high")
 
 
+def _candidate_arms(summary: pd.DataFrame) -> list[str]:
+    """A run of several candidates names each one's arm "patched:<candidate>"; a plain run has none."""
+    return sorted({a for a in summary.arm if a.startswith("patched:")})
+
+
 def rows(run_dir: Path) -> list[str]:
     summary = RunDir(run_dir).read("summary")
     arms = set(summary.arm)
@@ -43,7 +48,7 @@ def rows(run_dir: Path) -> list[str]:
     checks = RunDir(run_dir).read_if_present("correctness")
     # An sdpa arm that was built and then failed (out of memory, say) has correctness rows; one never built has none.
     sdpa_failed = checks is not None and bool(((checks.arm == "sdpa") & checks.metric.isin(["arm_failed", "oom"])).any())
-    candidates = sorted({a for a in arms if a.startswith("patched:")})
+    candidates = _candidate_arms(summary)
     out = []
     for record in summary[summary.arm.isin(candidates or ["patched"])].to_dict("records"):
         # Columns a run may lack: an unprofiled run has no prediction, an older one no compile columns.
@@ -77,7 +82,7 @@ def main(run_dirs: list[str]) -> int:
             print(f"error: {path} has no summary.parquet (not a finished compare run)", file=sys.stderr)
             return 2
         lines = rows(path)
-        several = bool(lines) and lines[0].count("|") == 8  # a candidate column before the workload
+        several = bool(_candidate_arms(RunDir(path).read("summary")))  # a candidate column before the workload
         print(f"{path.name}:")
         print(("| candidate " if several else "") + "| workload | predicted | measured [95% CI] | verdict | patched vs SDPA | patched vs compile |")
         print(("|---" if several else "") + "|---|---|---|---|---|---|")

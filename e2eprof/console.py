@@ -156,13 +156,12 @@ def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_d
         for _, each in candidate_rows.iterrows():  # every candidate answers for itself
             if line := _beats_line(each, references):
                 console.print(f"  {each['arm']}: {line}")
-        explained = candidate_rows[candidate_rows["predicted_speedup"].notna()] if "predicted_speedup" in candidate_rows else candidate_rows.iloc[0:0]
-        for r in explained.itertuples():  # each candidate's Amdahl prediction against its measured speedup
-            who = f"{r.arm}: " if len(candidate_rows) > 1 else ""
-            console.print(f"  {who}replaced op: {r.replaced_share * 100:.1f}% of the baseline step, {r.replaced_speedup:.2f}x faster in the "
+        patched = rows[rows.arm == "patched"]
+        if len(patched) and "predicted_speedup" in patched and not pd.isna(patched.iloc[0].get("predicted_speedup")):
+            r = patched.iloc[0]
+            console.print(f"  replaced op: {r.replaced_share * 100:.1f}% of the baseline step, {r.replaced_speedup:.2f}x faster in the "
                           f"profile -> predicted {r.predicted_speedup:.3f}x (bound {r.amdahl_bound:.3f}x), measured "
                           f"{r.speedup_vs_baseline:.3f}x: {r.cause}")
-        if len(explained):
             idle = [f"{a.arm} {a.idle_share:.2f}" for a in rows.itertuples() if not pd.isna(getattr(a, "idle_share", math.nan))]
             if idle:  # a device's idle time between kernels; a CPU run has none to show
                 console.print("  GPU idle share: " + ", ".join(idle))

@@ -15,6 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullFormatter
+
 from e2eprof.render.run_tables import candidate_label
 
 # Fixed colours for the arms we know, so the same arm looks the same in every report; others take the cycle below.
