@@ -8,7 +8,9 @@
 #   default        the default command: e2eprof compare --model gpt2 --patch fastsoftmax
 #   aa sensitivity overhead cost agreement
 #                  benchmarks/self_benchmark.py --part PART; aa and sensitivity append to the tables in
-#                  $RESULTS (default OUT_DIR/self-benchmark): point RESULTS at reports/self-benchmark-h200 to add runs
+#                  $RESULTS (default OUT_DIR/self-benchmark): point RESULTS at reports/self-benchmark-h200 to add runs;
+#                  SELF_BENCHMARK_EXTRA adds options, e.g. "--workload decode --runs 14 --deadline 500" with
+#                  RESULTS=reports/self-benchmark-h200-decode, or "--model llama-1b --batch 4 --workload infer"
 #   results-table  every built-in kernel with both stock references (sdpa, compile), train and infer:
 #                  gpt2 fusedsoftmax, fastgelu, fastlayernorm; llama-1b rmsnorm, swiglu at batch 4
 #   sweep          gpt2 fastsoftmax train over batch 1,4,8 x seq 256,1024 x bf16,fp32
@@ -82,7 +84,8 @@ for part in "${PARTS[@]}"; do
     default) compare "$dir" "$MODEL_-fastsoftmax" compare --model "$MODEL_" --patch fastsoftmax ;;
     aa|sensitivity|overhead|cost|agreement)
       mkdir -p "$RESULTS"
-      step "$dir" "$part" "$PY" benchmarks/self_benchmark.py --part "$part" --out "$RESULTS" ;;
+      # shellcheck disable=SC2086  # SELF_BENCHMARK_EXTRA is a list of options
+      step "$dir" "$part" "$PY" benchmarks/self_benchmark.py --part "$part" --out "$RESULTS" ${SELF_BENCHMARK_EXTRA:-} ;;
     results-table)
       for patch in fusedsoftmax fastgelu fastlayernorm; do
         compare "$dir" "$MODEL_-$patch-references" compare --model "$MODEL_" --patch "$patch" --workload train,infer --budget 20
