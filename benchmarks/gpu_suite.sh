@@ -21,7 +21,8 @@
 #   host-bound     benchmarks/process_spread.py on decode and generate (8 identical processes, with and without pinning)
 #   startup        benchmarks/worker_startup.py (one worker's start-up, step by step)
 #   multi-gpu      train-ddp and train-fsdp, --nproc 2 (needs two GPUs)
-#   host-cost      benchmarks/host_overhead.py --device cuda (each built-in op's host cost per call vs the stock op)
+#   host-cost      benchmarks/host_overhead.py --device cuda --layers (each built-in op's host cost per call vs the stock op,
+#                  and a forward call split into dispatcher, wrapper and Triton launch)
 #   repeat         the default command twice on a fresh compile cache (OUT_DIR/repeat/compile-cache): first and repeat
 #   candidates     several candidates per run, Liger-Kernel beside ours (needs liger-kernel importable): gpt2 softmax
 #                  (fastsoftmax, liger-softmax, fusedsoftmax) and layernorm; llama-1b norms and MLPs in inference,
@@ -114,7 +115,7 @@ for part in "${PARTS[@]}"; do
         compare "$dir" "$model-$patch-$workload" compare --model "$model" --patch "$patch" --workload "$workload" \
           --nproc 2 --device cuda --reference sdpa --budget 20 ${extra:-}
       done ;;
-    host-cost) step "$dir" host_overhead "$PY" benchmarks/host_overhead.py --device cuda --out "$dir/host-cost" ;;
+    host-cost) step "$dir" host_overhead "$PY" benchmarks/host_overhead.py --device cuda --layers --out "$dir/host-cost" ;;
     repeat)
       export E2EPROF_COMPILE_CACHE="$dir/compile-cache"
       rm -rf "$E2EPROF_COMPILE_CACHE"

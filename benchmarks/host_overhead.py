@@ -7,7 +7,12 @@ between blocks only. Each figure is microseconds per call over REPEATS blocks of
 interleaved so drift on a shared machine hits them alike. The minimum block is the steadier estimate on a busy
 machine, the median is reported beside it; `ratio` is the kernel's minimum over the stock op's minimum.
 
-Usage (from the checkout): PYTHONPATH=$PWD python3 benchmarks/host_overhead.py --out DIR [--device cuda|cpu]
+--layers splits a forward call of the kernels registered through torch.library.Library (fastsoftmax, rmsnorm,
+swiglu) into where its host time goes: `impl` calls the op's Python implementation directly (no dispatcher, no
+autograd kernel), `launch` calls the device code alone on prepared inputs (the Triton launcher on CUDA, cpu.py on the
+CPU). op - impl is the dispatcher's share, impl - launch the wrapper's (checks, reshapes, counters), launch the rest.
+
+Usage (from the checkout): PYTHONPATH=$PWD python3 benchmarks/host_overhead.py --out DIR [--device cuda|cpu] [--layers]
 Writes DIR/host_overhead.parquet (one row per block: kernel, arm, kind, block, us_per_call) and
 DIR/host_overhead.md (the summary table, also printed).
 """
@@ -62,6 +67,31 @@ def cases(device: str) -> dict[str, tuple[Callable, Callable, Callable[[], tuple
     }
 
 
+def layers(device: str) -> dict[str, tuple[Callable, Callable, Callable[[], tuple]]]:
+    """kernel -> (the op's Python implementation, its device code alone, inputs factory), forward only."""
+    import e2eprof.kernels.fastsoftmax.op as softmax_op
+    import e2eprof.kernels.rmsnorm.op as rmsnorm_op
+    import e2eprof.kernels.swiglu.op as swiglu_op
+    from e2eprof.kernels._dispatch import triton_kernels
+
+    def code(op_module):  # what the implementation runs on this device
+        return triton_kernels(op_module.__package__) if device == "cuda" else op_module.cpu
+
+    def t(shape):
+        return torch.randn(shape, device=device)
+
+    c = HIDDEN[-1]
+    sm, rn, sw = code(softmax_op), code(rmsnorm_op), code(swiglu_op)
+    return {
+        "fastsoftmax": (lambda x: softmax_op._fastsoftmax_impl(x, -1, None),
+                        lambda x: sm.softmax_forward(x.view(-1, x.shape[-1]), x.dtype), lambda: (t(SCORES),)),
+        "rmsnorm": (lambda x, w: rmsnorm_op._rmsnorm_impl(x, w, 1e-6),
+                    lambda x, w: rn.rmsnorm_forward(x.view(-1, c), w, 1e-6), lambda: (t(HIDDEN), t(c))),
+        "swiglu": (swiglu_op._swiglu_impl, lambda g, u: sw.swiglu_forward(g.view(-1), u.view(-1)),
+                   lambda: (t(HIDDEN), t(HIDDEN))),
+    }
+
+
 def steps(call: Callable, make: Callable[[], tuple]) -> dict[str, Callable[[], None]]:
     """One call forward only (no grad), and one forward + backward through every input."""
     args = make()
@@ -87,16 +117,22 @@ def block_us(step: Callable[[], None], sync: Callable[[], None]) -> float:
     return (time.perf_counter_ns() - t0) / CALLS / 1e3
 
 
-def measure(device: str, kernels: list[str]) -> pd.DataFrame:
-    """Raw per-call times, one row per (kernel, arm, kind, block); every step's blocks interleaved."""
+def measure(device: str, kernels: list[str], split: bool = False) -> pd.DataFrame:
+    """Raw per-call times, one row per (kernel, arm, kind, block); every step's blocks interleaved.
+    split: also the arms "impl" and "launch" (forward) of the kernels `layers` knows."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     table = cases(device)
+    parts = layers(device) if split else {}
     calls = {}
     for kernel in kernels:
         ours, stock, make = table[kernel]
         for arm, call in (("kernel", ours), ("stock", stock)):
             for kind, step in steps(call, make).items():
                 calls[kernel, arm, kind] = step
+        if kernel in parts:
+            impl, launch, make_split = parts[kernel]
+            for arm, call in (("impl", impl), ("launch", launch)):
+                calls[kernel, arm, "fwd"] = steps(call, make_split)["fwd"]
     for step in calls.values():
         for _ in range(WARMUP):
             step()
@@ -110,6 +146,7 @@ def measure(device: str, kernels: list[str]) -> pd.DataFrame:
 
 def summary(raw: pd.DataFrame) -> pd.DataFrame:
     """Per kernel and kind: median and minimum of each arm, and the kernel/stock ratio of the minima."""
+    raw = raw[raw.arm.isin(["kernel", "stock"])]
     agg = raw.groupby(["kernel", "kind", "arm"], sort=False)["us_per_call"].agg(["median", "min"]).unstack("arm")
     out = pd.DataFrame({
         "kernel_us_min": agg["min"]["kernel"], "kernel_us_median": agg["median"]["kernel"],
@@ -117,6 +154,19 @@ def summary(raw: pd.DataFrame) -> pd.DataFrame:
     })
     out["ratio"] = out["kernel_us_min"] / out["stock_us_min"]
     return out.reset_index()
+
+
+def layers_markdown(raw: pd.DataFrame) -> str:
+    """The forward call split into dispatcher, wrapper and device code (minimum of the blocks), where measured."""
+    fwd = raw[raw.kind == "fwd"].groupby(["kernel", "arm"], sort=False)["us_per_call"].min().unstack("arm")
+    if "impl" not in fwd:
+        return ""
+    fwd = fwd.dropna(subset=["impl", "launch"])
+    lines = [f"| {k} | {r.kernel:.1f} | {r.kernel - r.impl:.1f} | {r.impl - r.launch:.1f} | {r.launch:.1f} | {r.stock:.1f} |"
+             for k, r in fwd.iterrows()]
+    return ("\nForward call by layer, min us: op = dispatcher (op - impl) + wrapper (impl - launch) + device code "
+            "(launch)\n\n| kernel | op | dispatcher | wrapper | device code | stock op |\n|---|---:|---:|---:|---:|---:|\n"
+            + "\n".join(lines) + "\n")
 
 
 def markdown(table: pd.DataFrame, device: str) -> str:
@@ -134,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=pathlib.Path, required=True, help="folder for host_overhead.{parquet,md}")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--kernels", default=",".join(names), help=f"comma-separated subset of {','.join(names)}")
+    parser.add_argument("--layers", action="store_true", help="also split the forward call by layer (see above)")
     args = parser.parse_args(argv)
     chosen = [k.strip() for k in args.kernels.split(",") if k.strip()]
     unknown = sorted(set(chosen) - set(names))
@@ -142,9 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but CUDA is not available")
     torch.set_num_threads(1)  # a busy machine disturbs one thread less
-    raw = measure(args.device, chosen)
+    raw = measure(args.device, chosen, split=args.layers)
     table = summary(raw)
-    text = markdown(table, torch.cuda.get_device_name() if args.device == "cuda" else "cpu")
+    text = markdown(table, torch.cuda.get_device_name() if args.device == "cuda" else "cpu") + layers_markdown(raw)
     args.out.mkdir(parents=True, exist_ok=True)
     raw.to_parquet(args.out / "host_overhead.parquet", index=False)
     (args.out / "host_overhead.md").write_text(text)
