@@ -9,8 +9,8 @@ machine, the median is reported beside it; `ratio` is the kernel's minimum over 
 
 --layers splits a forward call of the kernels registered through torch.library.Library (fastsoftmax, rmsnorm,
 swiglu) into where its host time goes: `impl` calls the op's Python implementation directly (no dispatcher, no
-autograd kernel), `launch` calls the device code alone on prepared inputs (the Triton launcher on CUDA, cpu.py on the
-CPU). op - impl is the dispatcher's share, impl - launch the wrapper's (checks, reshapes, counters), launch the rest.
+autograd kernel), `launch` calls the device code alone, after only a view of the inputs to its 2-D or flat layout (the
+Triton launcher on CUDA, cpu.py on the CPU). op - impl is the dispatcher's share, impl - launch the wrapper's (checks, reshapes, counters), launch the rest.
 
 Usage (from the checkout): PYTHONPATH=$PWD python3 benchmarks/host_overhead.py --out DIR [--device cuda|cpu] [--layers]
 Writes DIR/host_overhead.parquet (one row per block: kernel, arm, kind, block, us_per_call) and
