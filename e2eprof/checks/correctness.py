@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from e2eprof.patch import Patch
-from e2eprof.checks.tensorcheck import error_norms, ratio_of_norms
+from e2eprof.checks.tensorcheck import error_norms, ratio_of_norms, reference_facts
 
 PRECISION_DTYPE_NAME = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp64": "float64"}
 TOKEN_AGREEMENT_SLACK = 0.10  # random-weight models have near-tied logits: a flip or two is not a bug
@@ -40,8 +40,10 @@ def compare_captures(workload: str, reference_path: str, captures: dict[str, str
     outputs = {arm: load_file(path) for arm, path in captures.items()}
     baseline = outputs["baseline"]
     floor = patch.tolerance_for(PRECISION_DTYPE_NAME[precision])
-    # The yardstick is computed once per tensor; gradients (a 124M-parameter model's worth) dominate the cost.
-    stock_norms = {key: error_norms(baseline[key], reference[key]) for key in set(reference) & set(baseline)
+    # The yardstick and the reference's own norm are computed once per tensor; gradients (a 124M-parameter model's
+    # worth) dominate the cost.
+    facts = {key: reference_facts(ref) for key, ref in reference.items() if key != "tokens"}
+    stock_norms = {key: error_norms(baseline[key], reference[key], facts[key]) for key in set(reference) & set(baseline)
                    if key != "tokens" and baseline[key].shape == reference[key].shape}
     grad_scale_sq = sum(den for key, (_, den) in stock_norms.items() if key.startswith("grad/"))
     rows: list[dict] = []
@@ -65,7 +67,7 @@ def compare_captures(workload: str, reference_path: str, captures: dict[str, str
                 rows.append(_row(workload, arm, key, "shape_mismatch", math.nan, math.nan, False,
                                  f"{tuple(value.shape)} vs reference {tuple(ref.shape)}"))
                 continue
-            norms = stock_norms[key] if arm == "baseline" and key in stock_norms else error_norms(value, ref)
+            norms = stock_norms[key] if arm == "baseline" and key in stock_norms else error_norms(value, ref, facts[key])
             metric, basis = "rel_error_vs_fp64", None
             if key.startswith("grad/") and norms[1] < NEGLIGIBLE_GRADIENT**2 * grad_scale_sq:
                 metric, basis = "error_vs_model_gradient_norm", grad_scale_sq

@@ -23,7 +23,7 @@ def merge(command: str, answers: list, patched: bool):
     if command == "capture":
         checks = [c | {"rank": r} for r, a in enumerate(answers) for c in a["op_checks"]]
         return first | {"op_checks": checks, "rank_paths": [a["path"] for a in answers]}
-    if command == "profile":
+    if command == "summarize_profile":
         problems = [f"rank {r}: {p}" for r, a in enumerate(answers) for p in a["problems"]]
         return first | {"result": dict(first["result"], by_rank=[a["result"] for a in answers]), "problems": problems}
     return first

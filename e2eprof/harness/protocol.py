@@ -148,12 +148,19 @@ class Block(Command):
 
 @dataclass(frozen=True)
 class Profile(Command):
-    """torch.profiler over `warmup` + `active` steps."""
+    """torch.profiler over `warmup` + `active` steps, held until SummarizeProfile reads them."""
     name: ClassVar[str] = "profile"
     workload: str
     warmup: int
     active: int
     trace_path: str | None = None
+
+
+@dataclass(frozen=True)
+class SummarizeProfile(Command):
+    """The tables of the profile the last Profile of `workload` recorded (untimed: arms summarize at once)."""
+    name: ClassVar[str] = "summarize_profile"
+    workload: str
 
 
 @dataclass(frozen=True)

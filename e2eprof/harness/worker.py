@@ -61,6 +61,7 @@ class ArmWorker:
         self.step_counter: dict[str, int] = {}
         self.memory = MemoryTracker(self.device)
         self.jit: dict[tuple[str, str], dict[str, float]] = {}  # (workload, phase) -> jit_events counts
+        self._recorded_profiles: dict[str, tuple] = {}  # workload -> (RecordedProfile, replaced calls), until summarized
         jit_events.install()
         self.rank = 0  # this process's rank in its arm's worker group (e2eprof.distributed); 0 when it is alone
 
@@ -88,6 +89,7 @@ class ArmWorker:
         workload's when None)."""
         for name in [workload] if workload else list(self.workloads):
             self.workloads.pop(name, None)
+            self._recorded_profiles.pop(name, None)
         if getattr(self, "model", None) is not None:
             self.model.zero_grad(set_to_none=True)
         release(self.device)
@@ -333,12 +335,13 @@ class ArmWorker:
         return model.double()
 
     def profile(self, workload: str, warmup: int, active: int, trace_path: str | None = None) -> dict:
-        """torch.profiler over a few real steps, after timing: per-op table, replaced-region time, completeness.
+        """torch.profiler over a few real steps, after timing; `summarize_profile` turns them into the per-op table,
+        replaced-region time and completeness (a separate command, so the parent can overlap every arm's summary).
 
         The replaced function's calls are wrapped in an `e2eprof.replaced::<patch>` range in every arm (stock
         arms through a pass-through recorder), so its share of the step is measured the same way everywhere.
         """
-        from e2eprof.trackers.profiling import check_complete, profile_workload
+        from e2eprof.trackers.profiling import record_profile
 
         instance = self._workload(workload)
         passthrough = None
@@ -360,13 +363,23 @@ class ArmWorker:
         eager = getattr(instance, "eager", contextlib.nullcontext)
         try:
             with eager():
-                result = profile_workload(one_step, self.model, device=self.device, warmup=warmup, active=active,
+                recorded = record_profile(one_step, self.model, device=self.device, warmup=warmup, active=active,
                                           trace_path=trace_path, with_module_ranges=not compiled)
         finally:
             if self.applied is not None:
                 self.applied.set_mark_ranges(False)
             if passthrough is not None:
                 passthrough.revert()
+        self._recorded_profiles[workload] = (recorded, passthrough.calls if passthrough is not None else None)
+        return {"recorded": True}
+
+    def summarize_profile(self, workload: str) -> dict:
+        """The profile `profile` recorded for `workload`: its tables, and the problems that make it unusable."""
+        from e2eprof.trackers.profiling import check_complete
+
+        recorded, replaced_calls = self._recorded_profiles.pop(workload)
+        result = recorded.summarize()
+        compiled = self.setup.arm.compile
         # A compiled arm is profiled without module ranges (they would break its graphs): no attribution expected.
         problems = check_complete(result, device_type=self.device.type, expect_modules=not compiled)
         expected = self.loaded.patch.kernel_names if (self.applied is not None and self.device.type == "cuda") else ()
@@ -374,8 +387,7 @@ class ArmWorker:
         # Any one of the patch's kernels proves it ran: a forward-only workload never launches the backward kernel.
         if expected and not any(name in kernel for name in expected for kernel in launched):
             problems.append(f"none of the patch's kernels ({', '.join(expected)}) appear in the trace")
-        return {"result": result.to_dict(), "problems": problems,
-                "replaced_calls": passthrough.calls if passthrough is not None else None}
+        return {"result": result.to_dict(), "problems": problems, "replaced_calls": replaced_calls}
 
     def counters(self) -> dict:
         implementations = self.loaded.patch.implementations

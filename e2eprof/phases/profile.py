@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from e2eprof.config import DECODING_WORKLOADS, CompareConfig
-from e2eprof.harness.pool import call
-from e2eprof.harness.protocol import Profile
+from e2eprof.harness.pool import call, overlapped
+from e2eprof.harness.protocol import Profile, SummarizeProfile
 from e2eprof.harness.unit import Unit
 
 
@@ -27,9 +27,16 @@ def profile_arms(unit: Unit) -> None:
     config, workload, processes, state = unit.config, unit.workload, unit.processes, unit.state
     live = unit.first  # a profile describes an arm's code: its first process is profiled
     warmup, active = profile_steps_for(config, workload)
+    # One arm at a time under the profiler; then every arm reads its events at once (seconds of Python each), since
+    # nothing is measured any more.
+    recorded = []
     for arm in [a for a in live() if a != "compile"]:
         trace = str(state.out_dir / f"trace-{workload}-{arm}.json.gz") if config.trace else None
-        result = call(processes, state, arm, Profile(workload, warmup, active, trace))
+        if call(processes, state, arm, Profile(workload, warmup, active, trace)) is not None:
+            recorded.append(arm)
+    summaries = overlapped(processes, state, {arm: SummarizeProfile(workload) for arm in recorded})
+    for arm in recorded:
+        result = summaries.get(arm)
         if result is None:
             continue
         state.profiles[(state.point, workload, arm)] = result["result"]

@@ -101,7 +101,36 @@ def _close(rf: record_function) -> None:
 # ---- profiling ------------------------------------------------------------------------------------------------
 
 
-def profile_workload(
+class RecordedProfile:
+    """The active steps of one profiler run, held as the profiler left them until `summarize` reads them.
+
+    Reading the events (torch builds a Python object per event, then the attribution below runs over them) costs
+    seconds per arm: a run records every arm's profile in turn and then summarises them all at once, each in its own
+    process, so that cost overlaps instead of adding up. Nothing is measured while they summarise.
+    """
+
+    def __init__(self, prof, *, device_type: str, active: int, trace_path: str | None, trace_max_bytes: int):
+        self._prof = prof
+        self._device_type = device_type
+        self._active = active
+        self._trace_path = trace_path
+        self._trace_max_bytes = trace_max_bytes
+
+    def summarize(self) -> ProfileResult:
+        """The ProfileResult of the recorded steps (and their Chrome trace written, when a path was given)."""
+        if self._prof is None:
+            raise RuntimeError("this profile was already summarized (its events are released once read)")
+        prof, self._prof = self._prof, None
+        result = summarize_events(prof.events(), device_type=self._device_type, active_steps=self._active)
+        if self._trace_path is not None:
+            saved, note = export_trace(prof, self._trace_path, self._trace_max_bytes)
+            result.trace_path = saved
+            if note:
+                result.notes.append(note)
+        return result
+
+
+def record_profile(
     step_fn: Callable[[], Any],
     model: torch.nn.Module,
     *,
@@ -111,8 +140,9 @@ def profile_workload(
     trace_path: str | None = None,
     trace_max_bytes: int = DEFAULT_TRACE_MAX_BYTES,
     with_module_ranges: bool = True,
-) -> ProfileResult:
-    """Run `warmup + active` real steps under torch.profiler and summarise the active ones.
+) -> RecordedProfile:
+    """Run `warmup + active` real steps under torch.profiler; the active ones are summarised by the result's
+    `summarize` (see RecordedProfile for why that is a separate step).
 
     step_fn runs one real step (a closure over Workload.step and a batch). On CUDA the device is synchronized after
     every step, so each step's kernels land inside its own ProfilerStep range. With trace_path, the active steps'
@@ -127,19 +157,14 @@ def profile_workload(
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    results: list[ProfileResult] = []
+    finished: list = []
 
     def on_trace_ready(prof) -> None:
-        result = summarize_events(prof.events(), device_type=device.type, active_steps=active)
-        if trace_path is not None:
-            saved, note = export_trace(prof, trace_path, trace_max_bytes)
-            result.trace_path = saved
-            if note:
-                result.notes.append(note)
-        results.append(result)
+        # The schedule runs one cycle (repeat=1), so nothing clears these events before summarize reads them.
+        finished.append(prof)
 
     with warnings.catch_warnings():
-        # "Profiler clears events at the end of each cycle": expected, we read the events in on_trace_ready.
+        # "Profiler clears events at the end of each cycle": expected, the events are read before any next cycle.
         warnings.filterwarnings("ignore", message=".*clears events at the end of each cycle.*")
         ranges = module_ranges(model) if with_module_ranges else contextlib.nullcontext()
         with ranges, torch.profiler.profile(
@@ -153,9 +178,15 @@ def profile_workload(
                 if cuda:
                     torch.cuda.synchronize(device)
                 prof.step()
-    if not results:
+    if not finished:
         raise RuntimeError("the profiler delivered no trace (its schedule never reached the end of the active steps)")
-    return results[0]
+    return RecordedProfile(finished[0], device_type=device.type, active=active, trace_path=trace_path,
+                           trace_max_bytes=trace_max_bytes)
+
+
+def profile_workload(step_fn: Callable[[], Any], model: torch.nn.Module, **options: Any) -> ProfileResult:
+    """record_profile and its summary in one call (for callers with one profile, nothing to overlap)."""
+    return record_profile(step_fn, model, **options).summarize()
 
 
 def export_trace(prof, path: str, max_bytes: int) -> tuple[str | None, str]:

@@ -199,3 +199,25 @@ def test_summarize_a_cuda_shaped_trace_links_backward_across_threads():
     assert kernels[("softmax_fwd", "aten::_softmax")]["median_us"] == 50.0
     assert ("nccl_orphan", "<kernels without a launching op>") in kernels
     assert check_complete(result, device_type="cuda", expected_kernel_substrings=("softmax_fwd",)) == []
+
+
+def test_a_recorded_profile_is_summarized_later_and_once(train_profile):
+    # The run records every arm's profile, then summarizes them all at once: the events must survive the profiler's
+    # exit and another profile recorded in between, and give the same table as summarizing at once.
+    from e2eprof.trackers.profiling import record_profile
+
+    _, _, model = train_profile
+    workload = make_workload("infer", model, torch.device("cpu"), "fp32")
+    batch = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
+    first = record_profile(lambda: workload.step(batch), model, device=torch.device("cpu"), warmup=1, active=2)
+    second = record_profile(lambda: workload.step(batch[:1]), model, device=torch.device("cpu"), warmup=0, active=1)
+    summary = first.summarize()
+    assert summary.active_steps == 2 and len(summary.step_walls_us) == 2
+    def embedding_shapes(result):
+        return " ".join(r["input_shapes"] for r in result.ops if r["op"] == "aten::embedding")
+
+    # The token embedding (512 x 64) saw each profile's own batch.
+    assert "[[512, 64], [2, 16]" in embedding_shapes(summary) and "[[512, 64], [1, 16]" not in embedding_shapes(summary)
+    assert "[[512, 64], [1, 16]" in embedding_shapes(second.summarize())
+    with pytest.raises(RuntimeError, match="already summarized"):
+        first.summarize()

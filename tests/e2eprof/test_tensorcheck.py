@@ -5,7 +5,9 @@ import math
 import pytest
 import torch
 
-from e2eprof.checks.tensorcheck import compare_to_reference, relative_error, same_special_values
+from e2eprof.checks.tensorcheck import (
+    compare_to_reference, error_norms, reference_facts, relative_error, same_special_values,
+)
 
 INF, NAN = math.inf, math.nan
 
@@ -25,6 +27,23 @@ class TestRelativeError:
         reference = torch.tensor([1.0], dtype=torch.float64)
         value = torch.tensor([1.0 + 1e-12], dtype=torch.float64)
         assert relative_error(value, reference) == pytest.approx(1e-12, rel=1e-3)
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+    def test_low_precision_value_is_subtracted_in_float64(self, dtype):
+        # The reference differs from 1.0 by less than fp32 can hold: a difference taken in the value's dtype is 0.
+        reference = torch.tensor([1.0 + 1e-12, 1.0], dtype=torch.float64)
+        value = torch.ones(2, dtype=dtype)
+        assert relative_error(value, reference) == pytest.approx(1e-12 / math.sqrt(2), rel=1e-3)
+        assert relative_error(value[0], reference[0]) == pytest.approx(1e-12, rel=1e-3)  # 0-d tensors too
+
+    def test_known_reference_facts_give_the_same_norms(self):
+        g = torch.Generator().manual_seed(1)
+        reference = torch.randn(7, 5, generator=g, dtype=torch.float64)
+        value = (reference + 1e-3 * torch.randn(7, 5, generator=g, dtype=torch.float64)).float()
+        assert error_norms(value, reference, reference_facts(reference)) == error_norms(value, reference)
+        with_inf = reference.clone()
+        with_inf[0, 0] = INF
+        assert reference_facts(with_inf) == (False, pytest.approx(float((reference.reshape(-1)[1:] ** 2).sum())))
 
     @pytest.mark.parametrize("bad", [NAN, INF, -INF])
     def test_non_finite_where_reference_is_finite_is_inf(self, bad):
