@@ -241,12 +241,20 @@ class InferWorkload(Workload):
         return {}
 
     def capture(self, host_batch: torch.Tensor) -> dict[str, torch.Tensor]:
-        """{"logits": (R, V) rows (see logit_positions), "loss": scalar loss of the model's objective}."""
+        """{"logits": (R, V) rows (see logit_positions), "loss": scalar loss of the model's objective}.
+
+        The forward is called exactly as `step` calls it (no labels), and the loss is taken from its logits with the
+        model's own loss function, as its forward would have: a compiled arm then reuses the graph its cold step
+        built instead of compiling another one for the labels (10-17 s of a default run on the H200).
+        """
         with torch.no_grad(), _eval_mode(self.model):
             ids = self._to_device(host_batch)  # (B, T)
+            inputs = self._model_inputs(ids, labels=True)
+            labels = inputs.pop("labels")
             with self._autocast():
-                out = self.model(**self._model_inputs(ids, labels=True))
-            return {"logits": self._logits_out(out.logits), "loss": self._out(out.loss)}
+                logits = self.model(**inputs).logits
+                loss = self.model.loss_function(logits=logits, labels=labels, vocab_size=self.model.config.vocab_size)
+            return {"logits": self._logits_out(logits), "loss": self._out(loss)}
 
 
 class _Decoding(Workload):

@@ -216,3 +216,33 @@ def test_logit_positions():
     assert len(pos) * 50257 <= MAX_CAPTURED_LOGITS < (len(pos) + 1) * 50257
     assert pos[0] == 0 and pos[-1] == 1023 and bool((pos.diff() > 0).all())
     assert PRECISIONS == ("fp32", "bf16", "fp16", "fp64")
+
+
+@pytest.mark.parametrize("model_name", ["gpt2-tiny", "bert-tiny"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_infer_capture_loss_is_the_models_own(model_name, precision):
+    # The capture calls the forward without labels (as the step does) and takes the loss with the model's loss
+    # function: the same value the model's forward gives when it is handed the labels.
+    model = build_model(resolve_model(model_name), attn_implementation="eager", seed=0)
+    workload = make_workload("infer", model, CPU, precision)
+    b = batches()[0]
+    with torch.no_grad(), workload._autocast():
+        own = model(**workload._model_inputs(b, labels=True)).loss
+    assert torch.equal(workload.capture(b)["loss"], own.float())
+
+
+def test_infer_capture_reuses_the_compiled_steps_graph():
+    # A compiled arm's capture must not compile another graph (on the H200 that was 10-17 s of every default run).
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    workload = make_workload("infer", torch.compile(tiny(), backend=counter), CPU, "fp32")
+    b = batches()[0]
+    workload.step(b)
+    compiled = counter.frame_count
+    assert compiled >= 1
+    out = workload.capture(b)
+    assert counter.frame_count == compiled
+    assert torch.isfinite(out["loss"]) and out["logits"].shape == (T, V)
+    torch._dynamo.reset()
