@@ -5,7 +5,9 @@ gelu_new, the default here, as this op began as that) or "none" (the exact erf G
 dispatch, layout and autograd code in one place; the device kernels keep distinct names (_gelu_fwd_tanh, _gelu_fwd_erf)
 so a profile still says which one ran.
 
-Named ops (not a bare autograd.Function) so profiler traces, opcheck and torch.compile see one opaque op per call.
+Named ops (not a bare autograd.Function) so profiler traces, opcheck and torch.compile see one opaque op per call;
+registered through torch.library.Library, with an autograd.Function as the op's Autograd kernel, because
+torch.library.custom_op's per-call Python layers cost more host time than a small GELU (see _LIB below).
 Dispatch: CUDA tensors run the Triton kernels; CPU tensors run cpu.py unless E2EPROF_FASTGELU_IMPL=triton forces
 the Triton kernels (meaningful only under TRITON_INTERPRET=1; used by tests). There is deliberately no fallback to
 the stock GELU: a patch that silently runs the stock op is exactly what e2eprof must catch, so a missing
@@ -31,6 +33,8 @@ IMPL_ENV = "E2EPROF_FASTGELU_IMPL"
 # Keys "triton.fwd", "triton.bwd", "cpu.fwd", "cpu.bwd": one per call that reached an implementation
 # (empty inputs included: the implementation is chosen and called, it just launches nothing).
 IMPL_CALLS: collections.Counter = collections.Counter()
+_FWD_KEY = {"triton": "triton.fwd", "cpu": "cpu.fwd"}  # built once, not an f-string per call
+_BWD_KEY = {"triton": "triton.bwd", "cpu": "cpu.bwd"}
 
 
 def _choose_impl(t: torch.Tensor) -> str:
@@ -67,9 +71,21 @@ def _flat_in(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
     return t.as_strided((t.numel(),), (1,))
 
 
-@torch.library.custom_op("e2eprof::fastgelu", mutates_args=(),
-                         schema='(Tensor x, ScalarType? out_dtype, str approximate="tanh") -> Tensor')
-def _fastgelu_op(x: torch.Tensor, out_dtype: Optional[torch.dtype], approximate: str = "tanh") -> torch.Tensor:
+# Registered with torch.library.Library rather than torch.library.custom_op, as fastsoftmax is (see its op.py):
+# custom_op's per-call Python layers (a generic autograd kernel, a backend wrapper that checks aliasing,
+# dynamo-disabling wrappers) cost more host time than a small GELU. Ops, schemas, fake kernels and autograd stay the
+# same, so traces, opcheck and torch.compile see the same two named ops. One difference: a double backward now raises
+# when the first backward is taken with create_graph=True, not later when the second one runs.
+_LIB = torch.library.Library("e2eprof", "FRAGMENT")  # kept alive for the registrations' lifetime
+_LIB.define('fastgelu(Tensor x, ScalarType? out_dtype, str approximate="tanh") -> Tensor')
+_LIB.define('fastgelu_backward(Tensor grad_out, Tensor x, ScalarType dx_dtype, str approximate="tanh") -> Tensor')
+_FWD_OP = torch.ops.e2eprof.fastgelu.default  # looked up once, not through torch.ops on every call
+_BWD_OP = torch.ops.e2eprof.fastgelu_backward.default
+# The kernels below keep approximate's default: the dispatcher leaves out an argument equal to its schema default when it
+# calls a Python kernel, so "tanh" arrives as no argument at all.
+
+
+def _fastgelu_impl(x: torch.Tensor, out_dtype: Optional[torch.dtype], approximate: str = "tanh") -> torch.Tensor:
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_float("x", x.dtype)
     _check_float("out_dtype", out_dtype)
@@ -81,11 +97,10 @@ def _fastgelu_op(x: torch.Tensor, out_dtype: Optional[torch.dtype], approximate:
         y1d = triton_kernels(__package__).gelu_forward(x1d, out_dtype, approximate)
     else:
         y1d = cpu.gelu_forward(x1d, out_dtype, approximate)
-    IMPL_CALLS[f"{impl}.fwd"] += 1
+    IMPL_CALLS[_FWD_KEY[impl]] += 1
     return y1d.as_strided(x.shape, strides)
 
 
-@_fastgelu_op.register_fake
 def _fastgelu_fake(x: torch.Tensor, out_dtype: Optional[torch.dtype], approximate: str = "tanh") -> torch.Tensor:
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_float("x", x.dtype)
@@ -94,13 +109,8 @@ def _fastgelu_fake(x: torch.Tensor, out_dtype: Optional[torch.dtype], approximat
     return torch.neg(x).to(out_dtype)  # metadata only: an elementwise op's result layout, as the real op returns
 
 
-@torch.library.custom_op(
-    "e2eprof::fastgelu_backward",
-    mutates_args=(),
-    schema='(Tensor grad_out, Tensor x, ScalarType dx_dtype, str approximate="tanh") -> Tensor',
-)
-def _fastgelu_backward_op(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torch.dtype,
-                          approximate: str = "tanh") -> torch.Tensor:
+def _fastgelu_backward_impl(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torch.dtype,
+                            approximate: str = "tanh") -> torch.Tensor:
     _check_backward_args(grad_out, x, dx_dtype, approximate)
     impl = _choose_impl(x)
     strides = _stock_strides(x)
@@ -110,11 +120,10 @@ def _fastgelu_backward_op(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: tor
         dx1d = triton_kernels(__package__).gelu_backward(dy1d, x1d, dx_dtype, approximate)
     else:
         dx1d = cpu.gelu_backward(dy1d, x1d, dx_dtype, approximate)
-    IMPL_CALLS[f"{impl}.bwd"] += 1
+    IMPL_CALLS[_BWD_KEY[impl]] += 1
     return dx1d.as_strided(x.shape, strides)
 
 
-@_fastgelu_backward_op.register_fake
 def _fastgelu_backward_fake(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torch.dtype,
                             approximate: str = "tanh") -> torch.Tensor:
     _check_backward_args(grad_out, x, dx_dtype, approximate)
@@ -132,20 +141,51 @@ def _check_backward_args(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torc
     _check_approximate(approximate)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    x, _out_dtype, approximate = inputs
-    ctx.approximate = approximate
-    # Backward recomputes GELU'(x) from x: saving x (not intermediates) is what keeps the activation memory at one
-    # tensor, where the stock chain keeps several.
-    ctx.save_for_backward(x)
+# The Autograd kernels redispatch below autograd (not a second torch.ops call), so a profile shows one
+# e2eprof::fastgelu event per call, as with custom_op.
+_BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 
 
-def _backward(ctx, grad_out):
-    (x,) = ctx.saved_tensors
-    return torch.ops.e2eprof.fastgelu_backward(grad_out, x, x.dtype, ctx.approximate), None, None
+class _FastGELUFunction(torch.autograd.Function):
+    """The Autograd kernel of e2eprof::fastgelu: runs the op below autograd and records its backward."""
+
+    @staticmethod
+    def forward(ctx, keyset, x: torch.Tensor, out_dtype: Optional[torch.dtype], approximate: str) -> torch.Tensor:
+        # Backward recomputes GELU'(x) from x: saving x (not intermediates) is what keeps the activation memory at one
+        # tensor, where the stock chain keeps several.
+        ctx.save_for_backward(x)
+        ctx.approximate = approximate
+        return _FWD_OP.redispatch(keyset, x, out_dtype, approximate)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        return None, _BWD_OP(grad_out, x, x.dtype, ctx.approximate), None, None
 
 
-_fastgelu_op.register_autograd(_backward, setup_context=_setup_context)
+def _fastgelu_autograd(keyset, x: torch.Tensor, out_dtype: Optional[torch.dtype],
+                       approximate: str = "tanh") -> torch.Tensor:
+    below = keyset & _BELOW_AUTOGRAD
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _FastGELUFunction.apply(below, x, out_dtype, approximate)
+    return _FWD_OP.redispatch(below, x, out_dtype, approximate)
+
+
+def _fastgelu_backward_autograd(keyset, grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torch.dtype,
+                                approximate: str = "tanh") -> torch.Tensor:
+    # No double backward: refuse rather than let autograd treat the gradient as a constant without a word.
+    if torch.is_grad_enabled() and (grad_out.requires_grad or x.requires_grad):
+        raise RuntimeError("e2eprof::fastgelu_backward is not differentiable (no double backward through fastgelu)")
+    return _BWD_OP.redispatch(keyset & _BELOW_AUTOGRAD, grad_out, x, dx_dtype, approximate)
+
+
+# CompositeExplicitAutograd: every backend; the implementation itself raises for devices it has no code for.
+_LIB.impl("fastgelu", _fastgelu_impl, "CompositeExplicitAutograd")
+_LIB.impl("fastgelu_backward", _fastgelu_backward_impl, "CompositeExplicitAutograd")
+_LIB.impl("fastgelu", _fastgelu_autograd, "Autograd", with_keyset=True)
+_LIB.impl("fastgelu_backward", _fastgelu_backward_autograd, "Autograd", with_keyset=True)
+torch.library.register_fake("e2eprof::fastgelu", _fastgelu_fake, lib=_LIB)
+torch.library.register_fake("e2eprof::fastgelu_backward", _fastgelu_backward_fake, lib=_LIB)
 
 
 def fastgelu(x: torch.Tensor, out_dtype: Optional[torch.dtype] = None, approximate: str = "tanh") -> torch.Tensor:
@@ -157,7 +197,7 @@ def fastgelu(x: torch.Tensor, out_dtype: Optional[torch.dtype] = None, approxima
     Calls `torch.ops.e2eprof.fastgelu`: reads x in its own dtype, computes in fp32 (fp64 for fp64 input on the CPU
     implementation). Differentiable; the gradient has x's dtype. The result has the layout the stock op would give.
     """
-    return torch.ops.e2eprof.fastgelu(x, out_dtype, approximate)
+    return _FWD_OP(x, out_dtype, approximate)  # torch.ops.e2eprof.fastgelu.default, bound once
 
 
 def reference_gelu(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:

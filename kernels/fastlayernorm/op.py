@@ -1,6 +1,8 @@
 """Named custom ops `e2eprof::fastlayernorm` and `e2eprof::fastlayernorm_backward`, with dispatch and autograd.
 
-Named ops (not a bare autograd.Function) so profiler traces, opcheck and torch.compile see one opaque op per call.
+Named ops (not a bare autograd.Function) so profiler traces, opcheck and torch.compile see one opaque op per call;
+registered through torch.library.Library, with an autograd.Function as the op's Autograd kernel, because
+torch.library.custom_op's per-call Python layers cost more host time than a small LayerNorm (see _LIB below).
 Dispatch: CUDA tensors run the Triton kernels; CPU tensors run cpu.py unless E2EPROF_FASTLAYERNORM_IMPL=triton
 forces the Triton kernels (meaningful only under TRITON_INTERPRET=1; used by tests). There is deliberately no
 fallback to torch's layer_norm: a patch that silently runs the stock op is exactly what e2eprof must catch, so a
@@ -27,6 +29,8 @@ IMPL_ENV = "E2EPROF_FASTLAYERNORM_IMPL"
 # Keys "triton.fwd", "triton.bwd", "cpu.fwd", "cpu.bwd": one per call that reached an implementation
 # (empty inputs included: the implementation is chosen and called, it just launches nothing).
 IMPL_CALLS: collections.Counter = collections.Counter()
+_FWD_KEY = {"triton": "triton.fwd", "cpu": "cpu.fwd"}  # built once, not an f-string per call
+_BWD_KEY = {"triton": "triton.bwd", "cpu": "cpu.bwd"}
 
 
 def _choose_impl(t: torch.Tensor) -> str:
@@ -40,29 +44,33 @@ _check_float = functools.partial(check_float, "fastlayernorm")  # a TypeError na
 def _rows_cols(x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
                bias: Optional[torch.Tensor]) -> tuple[int, int]:
     """Validate shapes as torch.layer_norm does; return (rows, cols) of x viewed as [rows, prod(normalized_shape)]."""
-    k = len(normalized_shape)
-    if k == 0 or x.dim() < k or tuple(x.shape[x.dim() - k:]) != tuple(normalized_shape):
+    k, ndim, shape = len(normalized_shape), x.dim(), tuple(normalized_shape)
+    if k == 0 or ndim < k or x.shape[ndim - k:] != shape:
         raise ValueError(
             f"e2eprof::fastlayernorm: normalized_shape {list(normalized_shape)} must be non-empty and match the last "
             f"dims of x {list(x.shape)}"
         )
+    device = x.device  # once: each .device builds a new torch.device
     for name, param in (("weight", weight), ("bias", bias)):
         if param is None:
             continue
-        if tuple(param.shape) != tuple(normalized_shape):
+        if param.shape != shape:
             raise ValueError(f"e2eprof::fastlayernorm: {name} shape {list(param.shape)} != normalized_shape "
                              f"{list(normalized_shape)}")
-        if param.device != x.device:
-            raise ValueError(f"e2eprof::fastlayernorm: {name} on {param.device} but x on {x.device}")
+        if param.device != device:
+            raise ValueError(f"e2eprof::fastlayernorm: {name} on {param.device} but x on {device}")
         _check_float(name, param.dtype)
     _check_float("x", x.dtype)
     cols = math.prod(normalized_shape)
-    rows = math.prod(x.shape[: x.dim() - k])  # not numel // cols: cols may be 0
+    rows = math.prod(x.shape[: ndim - k])  # not numel // cols: cols may be 0
     return rows, cols
 
 
 def _flat_param(param: Optional[torch.Tensor], cols: int) -> Optional[torch.Tensor]:
-    return None if param is None else param.contiguous().reshape(cols)  # (C,)
+    # The common 1-D contiguous parameter goes as is (two aten calls fewer); the kernels only read it.
+    if param is None or (param.dim() == 1 and param.is_contiguous()):
+        return param
+    return param.contiguous().reshape(cols)  # (C,)
 
 
 def _stats_dtype(impl: str, *tensors: Optional[torch.Tensor]) -> torch.dtype:
@@ -70,15 +78,22 @@ def _stats_dtype(impl: str, *tensors: Optional[torch.Tensor]) -> torch.dtype:
     return torch.float32 if impl == "triton" else cpu.compute_dtype(*tensors)
 
 
-@torch.library.custom_op(
-    "e2eprof::fastlayernorm",
-    mutates_args=(),
-    schema="(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, ScalarType? out_dtype) "
-    "-> (Tensor, Tensor, Tensor)",
-)
-def _fastlayernorm_op(x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
-                      bias: Optional[torch.Tensor], eps: float,
-                      out_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+# Registered with torch.library.Library rather than torch.library.custom_op, as fastsoftmax is (see its op.py):
+# custom_op's per-call Python layers cost more host time than a small LayerNorm; ops, schemas, fake kernels and
+# autograd stay the same, so traces, opcheck and torch.compile see the same two named ops. They keep the
+# pt2_compliant tag custom_op gave them. A double backward now raises when the first backward is taken with
+# create_graph=True, not later when the second one runs.
+_LIB = torch.library.Library("e2eprof", "FRAGMENT")  # kept alive for the registrations' lifetime
+_LIB.define("fastlayernorm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, "
+            "ScalarType? out_dtype) -> (Tensor, Tensor, Tensor)", tags=(torch.Tag.pt2_compliant_tag,))
+_LIB.define("fastlayernorm_backward(Tensor grad_out, Tensor x, Tensor mean, Tensor rstd, int[] normalized_shape, "
+            "Tensor? weight, ScalarType dx_dtype, ScalarType weight_dtype, ScalarType bias_dtype) "
+            "-> (Tensor, Tensor, Tensor)", tags=(torch.Tag.pt2_compliant_tag,))
+
+
+def _fastlayernorm_impl(x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
+                        bias: Optional[torch.Tensor], eps: float,
+                        out_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_float("out_dtype", out_dtype)
     rows, cols = _rows_cols(x, normalized_shape, weight, bias)
@@ -89,12 +104,14 @@ def _fastlayernorm_op(x: torch.Tensor, normalized_shape: Sequence[int], weight: 
         y2d, mean, rstd = triton_kernels(__package__).layer_norm_forward(x2d, w, b, eps, out_dtype)
     else:
         y2d, mean, rstd = cpu.layer_norm_forward(x2d, w, b, eps, out_dtype)
-    IMPL_CALLS[f"{impl}.fwd"] += 1
-    batch_shape = x.shape[: x.dim() - len(normalized_shape)]
-    return y2d.reshape(x.shape), mean.reshape(batch_shape), rstd.reshape(batch_shape)
+    IMPL_CALLS[_FWD_KEY[impl]] += 1
+    # reshape_as and unpacked ints: torch parses a torch.Size argument about 1 us slower per call on the CPU.
+    batch = x.shape[: x.dim() - len(normalized_shape)]
+    if not batch:  # a single row: 0-d statistics (reshape needs at least one size)
+        return y2d.reshape_as(x), mean.reshape(()), rstd.reshape(())
+    return y2d.reshape_as(x), mean.reshape(*batch), rstd.reshape(*batch)
 
 
-@_fastlayernorm_op.register_fake
 def _fastlayernorm_fake(x, normalized_shape, weight, bias, eps, out_dtype):
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_float("out_dtype", out_dtype)
@@ -105,16 +122,10 @@ def _fastlayernorm_fake(x, normalized_shape, weight, bias, eps, out_dtype):
             x.new_empty(batch_shape, dtype=stats_dtype))
 
 
-@torch.library.custom_op(
-    "e2eprof::fastlayernorm_backward",
-    mutates_args=(),
-    schema="(Tensor grad_out, Tensor x, Tensor mean, Tensor rstd, int[] normalized_shape, Tensor? weight, "
-    "ScalarType dx_dtype, ScalarType weight_dtype, ScalarType bias_dtype) -> (Tensor, Tensor, Tensor)",
-)
-def _fastlayernorm_backward_op(grad_out: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
-                               normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
-                               dx_dtype: torch.dtype, weight_dtype: torch.dtype,
-                               bias_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _fastlayernorm_backward_impl(grad_out: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                                 normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
+                                 dx_dtype: torch.dtype, weight_dtype: torch.dtype,
+                                 bias_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows, cols = _check_backward_args(grad_out, x, mean, rstd, normalized_shape, weight,
                                       (dx_dtype, weight_dtype, bias_dtype))
     impl = _choose_impl(x)
@@ -127,11 +138,11 @@ def _fastlayernorm_backward_op(grad_out: torch.Tensor, x: torch.Tensor, mean: to
                                                              bias_dtype)
     else:
         dx2d, dw, db = cpu.layer_norm_backward(dy2d, x2d, mean1d, rstd1d, w, dx_dtype, weight_dtype, bias_dtype)
-    IMPL_CALLS[f"{impl}.bwd"] += 1
-    return dx2d.reshape(x.shape), dw.reshape(normalized_shape), db.reshape(normalized_shape)
+    IMPL_CALLS[_BWD_KEY[impl]] += 1
+    # normalized_shape is non-empty (checked above); unpacked, see _fastlayernorm_impl.
+    return dx2d.reshape_as(x), dw.reshape(*normalized_shape), db.reshape(*normalized_shape)
 
 
-@_fastlayernorm_backward_op.register_fake
 def _fastlayernorm_backward_fake(grad_out, x, mean, rstd, normalized_shape, weight, dx_dtype, weight_dtype,
                                  bias_dtype):
     _check_backward_args(grad_out, x, mean, rstd, normalized_shape, weight, (dx_dtype, weight_dtype, bias_dtype))
@@ -154,27 +165,79 @@ def _check_backward_args(grad_out, x, mean, rstd, normalized_shape, weight, dtyp
     return rows, cols
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    x, normalized_shape, weight, bias, _eps, _out_dtype = inputs
-    _y, mean, rstd = output
-    ctx.mark_non_differentiable(mean, rstd)
-    ctx.save_for_backward(x, weight, mean, rstd)
-    ctx.normalized_shape = normalized_shape
-    ctx.has_weight = weight is not None
-    ctx.has_bias = bias is not None
-    # Gradients have their tensor's dtype; an absent parameter's (discarded) gradient takes x's.
-    ctx.weight_dtype = weight.dtype if weight is not None else x.dtype
-    ctx.bias_dtype = bias.dtype if bias is not None else x.dtype
+# The Autograd kernels redispatch below autograd (not a second torch.ops call), so a profile shows one
+# e2eprof::fastlayernorm event per call, as with custom_op. Like custom_op's autograd kernel, they run the
+# implementation with autograd's dispatch keys excluded, so the ~20 aten calls of the CPU implementation skip their
+# autograd kernels (nothing there is recorded anyway: grad mode is off, or no input requires grad).
+_BELOW_AUTOGRAD = torch._C._after_autograd_keyset
+_AutoDispatchBelowAutograd = torch._C._AutoDispatchBelowAutograd
+_FWD_OP = torch.ops.e2eprof.fastlayernorm.default
+_BWD_OP = torch.ops.e2eprof.fastlayernorm_backward.default
 
 
-def _backward(ctx, grad_out, _grad_mean, _grad_rstd):
-    x, weight, mean, rstd = ctx.saved_tensors
-    dx, dweight, dbias = torch.ops.e2eprof.fastlayernorm_backward(
-        grad_out, x, mean, rstd, ctx.normalized_shape, weight, x.dtype, ctx.weight_dtype, ctx.bias_dtype)
-    return dx, None, dweight if ctx.has_weight else None, dbias if ctx.has_bias else None, None, None
+class _FastLayerNormFunction(torch.autograd.Function):
+    """The Autograd kernel of e2eprof::fastlayernorm: runs the op below autograd and records its backward."""
+
+    @staticmethod
+    def forward(ctx, keyset, x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
+                bias: Optional[torch.Tensor], eps: float,
+                out_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with _AutoDispatchBelowAutograd():
+            y, mean, rstd = _FWD_OP.redispatch(keyset, x, normalized_shape, weight, bias, eps, out_dtype)
+        ctx.mark_non_differentiable(mean, rstd)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.normalized_shape = normalized_shape
+        ctx.has_weight = weight is not None
+        ctx.has_bias = bias is not None
+        # Gradients have their tensor's dtype; an absent parameter's (discarded) gradient takes x's.
+        ctx.weight_dtype = weight.dtype if weight is not None else x.dtype
+        ctx.bias_dtype = bias.dtype if bias is not None else x.dtype
+        return y, mean, rstd
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor, _grad_mean, _grad_rstd):
+        # As with custom_op's register_autograd before: all three gradients are computed whenever backward runs;
+        # autograd drops those of inputs that do not require grad (ctx.needs_input_grad False), and an absent
+        # weight or bias gets None.
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dweight, dbias = _BWD_OP(
+            grad_out, x, mean, rstd, ctx.normalized_shape, weight, x.dtype, ctx.weight_dtype, ctx.bias_dtype)
+        return (None, dx, None, dweight if ctx.has_weight else None, dbias if ctx.has_bias else None, None, None)
 
 
-_fastlayernorm_op.register_autograd(_backward, setup_context=_setup_context)
+def _fastlayernorm_autograd(keyset, x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
+                            bias: Optional[torch.Tensor], eps: float,
+                            out_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    below = keyset & _BELOW_AUTOGRAD
+    # Recorded when any of x, weight, bias requires grad (as custom_op did), whichever of them are given.
+    if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
+                                    or (bias is not None and bias.requires_grad)):
+        return _FastLayerNormFunction.apply(below, x, normalized_shape, weight, bias, eps, out_dtype)
+    with _AutoDispatchBelowAutograd():
+        return _FWD_OP.redispatch(below, x, normalized_shape, weight, bias, eps, out_dtype)
+
+
+def _fastlayernorm_backward_autograd(keyset, grad_out: torch.Tensor, x: torch.Tensor, mean: torch.Tensor,
+                                     rstd: torch.Tensor, normalized_shape: Sequence[int],
+                                     weight: Optional[torch.Tensor], dx_dtype: torch.dtype, weight_dtype: torch.dtype,
+                                     bias_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # No double backward: refuse rather than let autograd treat the gradient as a constant without a word.
+    if torch.is_grad_enabled() and (grad_out.requires_grad or x.requires_grad or mean.requires_grad
+                                    or rstd.requires_grad or (weight is not None and weight.requires_grad)):
+        raise RuntimeError(
+            "e2eprof::fastlayernorm_backward is not differentiable (no double backward through fastlayernorm)")
+    with _AutoDispatchBelowAutograd():
+        return _BWD_OP.redispatch(keyset & _BELOW_AUTOGRAD, grad_out, x, mean, rstd, normalized_shape, weight,
+                                  dx_dtype, weight_dtype, bias_dtype)
+
+
+# CompositeExplicitAutograd: every backend; the implementation itself raises for devices it has no code for.
+_LIB.impl("fastlayernorm", _fastlayernorm_impl, "CompositeExplicitAutograd")
+_LIB.impl("fastlayernorm_backward", _fastlayernorm_backward_impl, "CompositeExplicitAutograd")
+_LIB.impl("fastlayernorm", _fastlayernorm_autograd, "Autograd", with_keyset=True)
+_LIB.impl("fastlayernorm_backward", _fastlayernorm_backward_autograd, "Autograd", with_keyset=True)
+torch.library.register_fake("e2eprof::fastlayernorm", _fastlayernorm_fake, lib=_LIB)
+torch.library.register_fake("e2eprof::fastlayernorm_backward", _fastlayernorm_backward_fake, lib=_LIB)
 
 
 def _as_shape(normalized_shape: int | Sequence[int]) -> list[int]:

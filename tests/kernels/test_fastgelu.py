@@ -255,6 +255,26 @@ def test_gradcheck_fp64(approximate):
     assert torch.autograd.gradcheck(lambda t: fastgelu(t, approximate=approximate), (x.detach().requires_grad_(),))
 
 
+def test_double_backward_raises_instead_of_a_silent_constant():
+    x = torch.randn(2, 5, dtype=F64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.autograd.grad(fastgelu(x), x, torch.randn(2, 5, dtype=F64), create_graph=True)
+
+
+@pytest.mark.parametrize("requires_grad", [True, False], ids=["grad", "no grad"])
+def test_the_profiler_sees_one_op_event_per_call_and_one_backward(requires_grad):
+    # e2eprof's ops table and op diff count profiler events: an autograd kernel that called the op again through the
+    # dispatcher would show every forward twice (nested).
+    x = torch.randn(3, 5, requires_grad=requires_grad)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y = fastgelu(x)
+        if requires_grad:
+            y.sum().backward()
+    names = [e.name for e in prof.events()]
+    assert names.count("e2eprof::fastgelu") == 1, names
+    assert names.count("e2eprof::fastgelu_backward") == (1 if requires_grad else 0), names
+
+
 def test_rejects_non_float():
     with pytest.raises(TypeError):
         fastgelu(torch.ones(2, 3, dtype=torch.int64))
