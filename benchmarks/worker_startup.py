@@ -2,7 +2,8 @@
 
 A worker repeats these steps in a fresh process for every arm; on the H200 "start workers and build models" took
 18-20 s. This times each step in the order ArmWorker.build runs them, in a fresh interpreter like a worker's, and
-prints one JSON line per step. No e2eprof run is needed.
+prints one JSON line per step. No e2eprof run is needed. On a GPU the model is built twice: on the CPU, as workers
+did before, and on the GPU, as they do now.
 
 Usage (repository root): PYTHONPATH=$PWD python3 benchmarks/worker_startup.py [--model gpt2] [--patch fastsoftmax]
 """
@@ -51,6 +52,11 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
     mark("model to device")
+    if device.type == "cuda":  # what a worker does now: the weights drawn on the GPU
+        del model
+        model = build_model(resolve_model(args.model), attn_implementation="eager", seed=0, device=device)
+        torch.cuda.synchronize()
+        mark("build model (cuda, seeded init; what a worker does)")
     pristine = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     mark("pristine copy to host")
     from e2eprof.patching import apply_patch

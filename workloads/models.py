@@ -10,6 +10,8 @@ a typo before it spawns worker processes.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,11 +64,16 @@ def resolve_model(name_or_path: str) -> ModelSource:
     return _resolve_folder(path)
 
 
-def build_model(source: ModelSource, *, attn_implementation: str, seed: int) -> torch.nn.Module:
-    """Build the model on CPU in fp32, in eval mode, with the requested attention implementation.
+def build_model(source: ModelSource, *, attn_implementation: str, seed: int,
+                device: torch.device | str | None = None) -> torch.nn.Module:
+    """Build the model in fp32, in eval mode, with the requested attention implementation, on the CPU or `device`.
 
-    Presets get weights drawn from torch's CPU generator seeded with `seed`; the caller's global RNG state is left
-    as it was (the draw happens inside `torch.random.fork_rng`). For folders the seed only matters if transformers
+    Presets get weights drawn from torch's generator of the device they are built on, seeded with `seed`; the caller's
+    global RNG state is left as it was (the draw happens inside `torch.random.fork_rng`). A preset built on a CUDA
+    device draws its weights there: GPT-2's 124M parameters are initialised twice (torch's module defaults, then
+    transformers' own init), which took 11 s on a GPU host's CPU per worker against milliseconds on the GPU. Every arm
+    of a run builds on the same kind of device with the same seed, so all arms hold the same weights (the CPU and a
+    GPU draw different ones). Folders are read on the CPU and moved; for them the seed only matters if transformers
     had to initialise something, which we refuse anyway (missing weights raise ModelLoadError).
     """
     if "/" in attn_implementation:
@@ -75,16 +82,24 @@ def build_model(source: ModelSource, *, attn_implementation: str, seed: int) -> 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
     auto_class = AutoModelForMaskedLM if objective(source.architecture) == "masked-lm" else AutoModelForCausalLM
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    on_gpu = device is not None and torch.device(device).type == "cuda" and source.kind == "preset"
+    target = torch.device(device) if on_gpu else torch.device("cpu")
+    if on_gpu and target.index is None:
+        target = torch.device("cuda", torch.cuda.current_device())
+    # manual_seed seeds every CUDA device: fork them all, so no caller's generator changes.
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if on_gpu else []):
+        torch.manual_seed(seed)  # every device's generator
         try:
             if source.kind == "preset":
                 # A fresh config per build: from_config stores the config object on the model and writes
                 # _attn_implementation into it, so a shared config would switch an earlier model's attention too.
                 config = AutoConfig.for_model(**PRESETS[source.name])
-                model = auto_class.from_config(
-                    config, attn_implementation=attn_implementation, dtype=torch.float32
-                )
+                # Parameters created, and drawn, on the GPU (a CPU build needs no device context, which would route
+                # every torch call of the construction through a TorchFunctionMode).
+                with target if on_gpu else contextlib.nullcontext():
+                    model = auto_class.from_config(
+                        config, attn_implementation=attn_implementation, dtype=torch.float32
+                    )
             else:
                 # transformers 5.x: `dtype` (torch_dtype is deprecated). Without it the default is "auto",
                 # i.e. whatever dtype the checkpoint was saved in.

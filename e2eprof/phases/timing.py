@@ -34,7 +34,7 @@ def timed_blocks(unit: Unit) -> None:
         for arm in (order if block % 2 == 0 else list(reversed(order))):
             state.steps += call(processes, state, arm, Block(workload, block, steps)) or []
             events("advance", workload=workload)
-        state.flush()
+        state.flush_steps()  # each round's steps on disk at once; the other tables after the phase
         block += 1
         if block < config.n_blocks:
             continue

@@ -60,6 +60,12 @@ def test_same_seed_same_weights_other_seed_different():
     assert not same_weights(tiny(seed=0), tiny(seed=1))
 
 
+def test_a_cpu_device_builds_as_the_default_does():
+    # Only a CUDA device draws the weights elsewhere (tests/gpu/test_models_cuda.py); "cpu" is the default build.
+    assert same_weights(tiny(seed=0), build_model(resolve_model("gpt2-tiny"), attn_implementation="eager", seed=0,
+                                                  device="cpu"))
+
+
 def test_build_leaves_global_rng_alone():
     torch.manual_seed(5)
     before = torch.get_rng_state()
