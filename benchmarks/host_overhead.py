@@ -7,10 +7,11 @@ between blocks only. Each figure is microseconds per call over REPEATS blocks of
 interleaved so drift on a shared machine hits them alike. The minimum block is the steadier estimate on a busy
 machine, the median is reported beside it; `ratio` is the kernel's minimum over the stock op's minimum.
 
---layers splits a forward call of the kernels registered through torch.library.Library (fastsoftmax, rmsnorm,
-swiglu) into where its host time goes: `impl` calls the op's Python implementation directly (no dispatcher, no
-autograd kernel), `launch` calls the device code alone, after only a view of the inputs to its 2-D or flat layout (the
-Triton launcher on CUDA, cpu.py on the CPU). op - impl is the dispatcher's share, impl - launch the wrapper's (checks, reshapes, counters), launch the rest.
+--layers splits a forward call of every built-in kernel (each registered through torch.library.Library) into where
+its host time goes: `impl` calls the op's Python implementation directly (no dispatcher, no autograd kernel), `launch`
+calls the device code alone, after only a view of the inputs to its 2-D or flat layout (the Triton launcher on CUDA,
+cpu.py on the CPU). op - impl is the dispatcher's share, impl - launch the wrapper's (checks, reshapes, counters),
+launch the rest.
 
 Usage (from the checkout): PYTHONPATH=$PWD python3 benchmarks/host_overhead.py --out DIR [--device cuda|cpu] [--layers]
 Writes DIR/host_overhead.parquet (one row per block: kernel, arm, kind, block, us_per_call) and
@@ -69,7 +70,10 @@ def cases(device: str) -> dict[str, tuple[Callable, Callable, Callable[[], tuple
 
 def layers(device: str) -> dict[str, tuple[Callable, Callable, Callable[[], tuple]]]:
     """kernel -> (the op's Python implementation, its device code alone, inputs factory), forward only."""
+    import e2eprof.kernels.fastgelu.op as gelu_op
+    import e2eprof.kernels.fastlayernorm.op as layernorm_op
     import e2eprof.kernels.fastsoftmax.op as softmax_op
+    import e2eprof.kernels.fusedsoftmax.op as fused_op
     import e2eprof.kernels.rmsnorm.op as rmsnorm_op
     import e2eprof.kernels.swiglu.op as swiglu_op
     from e2eprof.kernels._dispatch import triton_kernels
@@ -81,10 +85,19 @@ def layers(device: str) -> dict[str, tuple[Callable, Callable, Callable[[], tupl
         return torch.randn(shape, device=device)
 
     c = HIDDEN[-1]
-    sm, rn, sw = code(softmax_op), code(rmsnorm_op), code(swiglu_op)
+    mask = torch.zeros((1, 1) + SCORES[2:], device=device)
+    sm, fs, ge, ln = code(softmax_op), code(fused_op), code(gelu_op), code(layernorm_op)
+    rn, sw = code(rmsnorm_op), code(swiglu_op)
     return {
         "fastsoftmax": (lambda x: softmax_op._fastsoftmax_impl(x, -1, None),
                         lambda x: sm.softmax_forward(x.view(-1, x.shape[-1]), x.dtype), lambda: (t(SCORES),)),
+        "fusedsoftmax": (lambda x: fused_op._fusedsoftmax_impl(x, mask, 0.5, x.dtype),
+                         lambda x: fs.fused_softmax_forward(x, mask.expand(x.shape), 0.5, x.dtype), lambda: (t(SCORES),)),
+        "fastgelu": (lambda x: gelu_op._fastgelu_impl(x, None, "tanh"),
+                     lambda x: ge.gelu_forward(x.view(-1), x.dtype, "tanh"), lambda: (t(HIDDEN),)),
+        "fastlayernorm": (lambda x, w, b: layernorm_op._fastlayernorm_impl(x, [c], w, b, 1e-5, None)[0],
+                          lambda x, w, b: ln.layer_norm_forward(x.view(-1, c), w, b, 1e-5, x.dtype)[0],
+                          lambda: (t(HIDDEN), t(c), t(c))),
         "rmsnorm": (lambda x, w: rmsnorm_op._rmsnorm_impl(x, w, 1e-6),
                     lambda x, w: rn.rmsnorm_forward(x.view(-1, c), w, 1e-6), lambda: (t(HIDDEN), t(c))),
         "swiglu": (swiglu_op._swiglu_impl, lambda g, u: sw.swiglu_forward(g.view(-1), u.view(-1)),
