@@ -23,7 +23,8 @@
 #   multi-gpu      train-ddp and train-fsdp, --nproc 2 (needs two GPUs)
 #   host-cost      benchmarks/host_overhead.py --device cuda --layers (each built-in op's host cost per call vs the stock op,
 #                  and a forward call split into dispatcher, wrapper and Triton launch)
-#   repeat         the default command twice on a fresh compile cache (OUT_DIR/repeat/compile-cache): first and repeat
+#   repeat         the default command twice on a fresh compile cache (OUT_DIR/repeat/compile-cache): first and repeat,
+#                  their phases side by side in repeat/phases.log (benchmarks/phase_breakdown.py)
 #   candidates     several candidates per run, Liger-Kernel beside ours (needs liger-kernel importable): gpt2 softmax
 #                  (fastsoftmax, liger-softmax, fusedsoftmax) and layernorm; llama-1b norms and MLPs in inference,
 #                  norms and liger-flce (memory) in training; candidates-gpt2 and candidates-llama run either half
@@ -121,7 +122,9 @@ for part in "${PARTS[@]}"; do
       rm -rf "$E2EPROF_COMPILE_CACHE"
       compare "$dir" "$MODEL_-fastsoftmax-first" compare --model "$MODEL_" --patch fastsoftmax
       compare "$dir" "$MODEL_-fastsoftmax-repeat" compare --model "$MODEL_" --patch fastsoftmax
-      unset E2EPROF_COMPILE_CACHE ;;
+      unset E2EPROF_COMPILE_CACHE
+      step "$dir" phases "$PY" benchmarks/phase_breakdown.py "$dir/$MODEL_-fastsoftmax-first" \
+        "$dir/$MODEL_-fastsoftmax-repeat" ;;
     candidates-gpt2)
       # One process per arm by default (REPLICAS): three candidates beside both references at two per arm are ten
       # processes, and on the H200 those had not finished training's correctness checks after six minutes. Six gpt2
