@@ -5,8 +5,8 @@ runs the stock op is exactly what e2eprof must catch, so a missing implementatio
 environment variable per kernel (e.g. E2EPROF_FASTSOFTMAX_IMPL=triton) forces the Triton kernels, which is only
 meaningful under TRITON_INTERPRET=1 (the tests use it to run the Triton code without a GPU).
 
-Also the helpers every op.py would otherwise repeat: the lazy import of its Triton module (triton_kernels) and
-the floating-dtype check of its arguments (check_float).
+Also the helpers every op.py would otherwise repeat: the lazy import of its Triton module (triton_kernels), the
+floating-dtype check of its arguments (check_float) and the registration of an op's kernels (register_kernels).
 """
 
 from __future__ import annotations
@@ -69,3 +69,12 @@ def check_float(op: str, name: str, dtype: torch.dtype) -> None:
     """Raise TypeError naming e2eprof::<op> and the argument when `dtype` is not a floating dtype."""
     if not dtype.is_floating_point:
         raise TypeError(f"e2eprof::{op}: {name} must be a floating dtype, got {dtype}")
+
+
+def register_kernels(lib: torch.library.Library, name: str, *, impl, autograd, fake) -> None:
+    """The three kernels of one op defined in `lib`: its implementation for every backend (CompositeExplicitAutograd;
+    the implementation itself raises for a device it has no code for), its Autograd kernel (given the dispatch key
+    set, so it can redispatch below autograd) and its fake kernel (shapes and dtypes, for torch.compile)."""
+    lib.impl(name, impl, "CompositeExplicitAutograd")
+    lib.impl(name, autograd, "Autograd", with_keyset=True)
+    torch.library.register_fake(f"{lib.ns}::{name}", fake, lib=lib)

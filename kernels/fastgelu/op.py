@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, check_float, choose_impl, triton_kernels
+from .._dispatch import TRITON_AVAILABLE, check_float, choose_impl, register_kernels, triton_kernels
 from . import cpu
 from .cpu import APPROXIMATIONS
 
@@ -179,13 +179,9 @@ def _fastgelu_backward_autograd(keyset, grad_out: torch.Tensor, x: torch.Tensor,
     return _BWD_OP.redispatch(keyset & _BELOW_AUTOGRAD, grad_out, x, dx_dtype, approximate)
 
 
-# CompositeExplicitAutograd: every backend; the implementation itself raises for devices it has no code for.
-_LIB.impl("fastgelu", _fastgelu_impl, "CompositeExplicitAutograd")
-_LIB.impl("fastgelu_backward", _fastgelu_backward_impl, "CompositeExplicitAutograd")
-_LIB.impl("fastgelu", _fastgelu_autograd, "Autograd", with_keyset=True)
-_LIB.impl("fastgelu_backward", _fastgelu_backward_autograd, "Autograd", with_keyset=True)
-torch.library.register_fake("e2eprof::fastgelu", _fastgelu_fake, lib=_LIB)
-torch.library.register_fake("e2eprof::fastgelu_backward", _fastgelu_backward_fake, lib=_LIB)
+register_kernels(_LIB, "fastgelu", impl=_fastgelu_impl, autograd=_fastgelu_autograd, fake=_fastgelu_fake)
+register_kernels(_LIB, "fastgelu_backward", impl=_fastgelu_backward_impl,
+                 autograd=_fastgelu_backward_autograd, fake=_fastgelu_backward_fake)
 
 
 def fastgelu(x: torch.Tensor, out_dtype: Optional[torch.dtype] = None, approximate: str = "tanh") -> torch.Tensor:

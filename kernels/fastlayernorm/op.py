@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, check_float, choose_impl, triton_kernels
+from .._dispatch import TRITON_AVAILABLE, check_float, choose_impl, register_kernels, triton_kernels
 from . import cpu
 
 IMPL_ENV = "E2EPROF_FASTLAYERNORM_IMPL"
@@ -231,13 +231,10 @@ def _fastlayernorm_backward_autograd(keyset, grad_out: torch.Tensor, x: torch.Te
                                   dx_dtype, weight_dtype, bias_dtype)
 
 
-# CompositeExplicitAutograd: every backend; the implementation itself raises for devices it has no code for.
-_LIB.impl("fastlayernorm", _fastlayernorm_impl, "CompositeExplicitAutograd")
-_LIB.impl("fastlayernorm_backward", _fastlayernorm_backward_impl, "CompositeExplicitAutograd")
-_LIB.impl("fastlayernorm", _fastlayernorm_autograd, "Autograd", with_keyset=True)
-_LIB.impl("fastlayernorm_backward", _fastlayernorm_backward_autograd, "Autograd", with_keyset=True)
-torch.library.register_fake("e2eprof::fastlayernorm", _fastlayernorm_fake, lib=_LIB)
-torch.library.register_fake("e2eprof::fastlayernorm_backward", _fastlayernorm_backward_fake, lib=_LIB)
+register_kernels(_LIB, "fastlayernorm", impl=_fastlayernorm_impl,
+                 autograd=_fastlayernorm_autograd, fake=_fastlayernorm_fake)
+register_kernels(_LIB, "fastlayernorm_backward", impl=_fastlayernorm_backward_impl,
+                 autograd=_fastlayernorm_backward_autograd, fake=_fastlayernorm_backward_fake)
 
 
 def _as_shape(normalized_shape: int | Sequence[int]) -> list[int]:

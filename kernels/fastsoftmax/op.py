@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, check_float, choose_impl, triton_kernels
+from .._dispatch import TRITON_AVAILABLE, check_float, choose_impl, register_kernels, triton_kernels
 from . import cpu
 
 IMPL_ENV = "E2EPROF_FASTSOFTMAX_IMPL"
@@ -180,13 +180,9 @@ def _fastsoftmax_backward_autograd(
                                                                    in_dtype)
 
 
-# CompositeExplicitAutograd: every backend; the implementation itself raises for devices it has no code for.
-_LIB.impl("fastsoftmax", _fastsoftmax_impl, "CompositeExplicitAutograd")
-_LIB.impl("fastsoftmax_backward", _fastsoftmax_backward_impl, "CompositeExplicitAutograd")
-_LIB.impl("fastsoftmax", _fastsoftmax_autograd, "Autograd", with_keyset=True)
-_LIB.impl("fastsoftmax_backward", _fastsoftmax_backward_autograd, "Autograd", with_keyset=True)
-torch.library.register_fake("e2eprof::fastsoftmax", _fastsoftmax_fake, lib=_LIB)
-torch.library.register_fake("e2eprof::fastsoftmax_backward", _fastsoftmax_backward_fake, lib=_LIB)
+register_kernels(_LIB, "fastsoftmax", impl=_fastsoftmax_impl, autograd=_fastsoftmax_autograd, fake=_fastsoftmax_fake)
+register_kernels(_LIB, "fastsoftmax_backward", impl=_fastsoftmax_backward_impl,
+                 autograd=_fastsoftmax_backward_autograd, fake=_fastsoftmax_backward_fake)
 
 
 def fastsoftmax(x: torch.Tensor, dim: int = -1, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:

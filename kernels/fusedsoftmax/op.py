@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, check_float, choose_impl, triton_kernels
+from .._dispatch import TRITON_AVAILABLE, check_float, choose_impl, register_kernels, triton_kernels
 from . import cpu
 
 IMPL_ENV = "E2EPROF_FUSEDSOFTMAX_IMPL"
@@ -185,13 +185,10 @@ def _fusedsoftmax_backward_autograd(keyset, grad_out: torch.Tensor, out: torch.T
                                                                       in_dtype)
 
 
-# CompositeExplicitAutograd: every backend; the implementation itself raises for devices it has no code for.
-_LIB.impl("fusedsoftmax", _fusedsoftmax_impl, "CompositeExplicitAutograd")
-_LIB.impl("fusedsoftmax_backward", _fusedsoftmax_backward_impl, "CompositeExplicitAutograd")
-_LIB.impl("fusedsoftmax", _fusedsoftmax_autograd, "Autograd", with_keyset=True)
-_LIB.impl("fusedsoftmax_backward", _fusedsoftmax_backward_autograd, "Autograd", with_keyset=True)
-torch.library.register_fake("e2eprof::fusedsoftmax", _fusedsoftmax_fake, lib=_LIB)
-torch.library.register_fake("e2eprof::fusedsoftmax_backward", _fusedsoftmax_backward_fake, lib=_LIB)
+register_kernels(_LIB, "fusedsoftmax", impl=_fusedsoftmax_impl,
+                 autograd=_fusedsoftmax_autograd, fake=_fusedsoftmax_fake)
+register_kernels(_LIB, "fusedsoftmax_backward", impl=_fusedsoftmax_backward_impl,
+                 autograd=_fusedsoftmax_backward_autograd, fake=_fusedsoftmax_backward_fake)
 
 
 def fusedsoftmax(scores: torch.Tensor, mask: Optional[torch.Tensor] = None, scale: float = 1.0,

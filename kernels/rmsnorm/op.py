@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, choose_impl, triton_kernels
+from .._dispatch import TRITON_AVAILABLE, choose_impl, register_kernels, triton_kernels
 from . import cpu
 
 IMPL_ENV = "E2EPROF_RMSNORM_IMPL"
@@ -125,13 +125,9 @@ def _rmsnorm_backward_autograd(keyset, grad_out: torch.Tensor, x: torch.Tensor, 
     return torch.ops.e2eprof.rmsnorm_backward.default.redispatch(keyset & _BELOW_AUTOGRAD, grad_out, x, weight, eps)
 
 
-# CompositeExplicitAutograd: every backend; the implementation itself raises for devices it has no code for.
-_LIB.impl("rmsnorm", _rmsnorm_impl, "CompositeExplicitAutograd")
-_LIB.impl("rmsnorm_backward", _rmsnorm_backward_impl, "CompositeExplicitAutograd")
-_LIB.impl("rmsnorm", _rmsnorm_autograd, "Autograd", with_keyset=True)
-_LIB.impl("rmsnorm_backward", _rmsnorm_backward_autograd, "Autograd", with_keyset=True)
-torch.library.register_fake("e2eprof::rmsnorm", _rmsnorm_fake, lib=_LIB)
-torch.library.register_fake("e2eprof::rmsnorm_backward", _rmsnorm_backward_fake, lib=_LIB)
+register_kernels(_LIB, "rmsnorm", impl=_rmsnorm_impl, autograd=_rmsnorm_autograd, fake=_rmsnorm_fake)
+register_kernels(_LIB, "rmsnorm_backward", impl=_rmsnorm_backward_impl,
+                 autograd=_rmsnorm_backward_autograd, fake=_rmsnorm_backward_fake)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

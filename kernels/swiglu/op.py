@@ -11,7 +11,7 @@ import collections
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, choose_impl, triton_kernels
+from .._dispatch import TRITON_AVAILABLE, choose_impl, register_kernels, triton_kernels
 from . import cpu
 
 IMPL_ENV = "E2EPROF_SWIGLU_IMPL"
@@ -116,13 +116,9 @@ def _swiglu_backward_autograd(keyset, grad_out: torch.Tensor, gate: torch.Tensor
     return torch.ops.e2eprof.swiglu_backward.default.redispatch(keyset & _BELOW_AUTOGRAD, grad_out, gate, up)
 
 
-# CompositeExplicitAutograd: every backend; the implementation itself raises for devices it has no code for.
-_LIB.impl("swiglu", _swiglu_impl, "CompositeExplicitAutograd")
-_LIB.impl("swiglu_backward", _swiglu_backward_impl, "CompositeExplicitAutograd")
-_LIB.impl("swiglu", _swiglu_autograd, "Autograd", with_keyset=True)
-_LIB.impl("swiglu_backward", _swiglu_backward_autograd, "Autograd", with_keyset=True)
-torch.library.register_fake("e2eprof::swiglu", _swiglu_fake, lib=_LIB)
-torch.library.register_fake("e2eprof::swiglu_backward", _swiglu_backward_fake, lib=_LIB)
+register_kernels(_LIB, "swiglu", impl=_swiglu_impl, autograd=_swiglu_autograd, fake=_swiglu_fake)
+register_kernels(_LIB, "swiglu_backward", impl=_swiglu_backward_impl,
+                 autograd=_swiglu_backward_autograd, fake=_swiglu_backward_fake)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
