@@ -10,7 +10,9 @@ warm as the run began, so a cold figure from a warm cache is never read as a com
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
 from pathlib import Path
 
 VARIABLE = "E2EPROF_COMPILE_CACHE"
@@ -37,10 +39,39 @@ def environment() -> dict[str, str]:
     return {k: v for k, v in wanted.items() if k not in os.environ}
 
 
+def effective_folders() -> dict[str, Path]:
+    """The folders the workers' compilers will really use: a user's TORCHINDUCTOR_CACHE_DIR or TRITON_CACHE_DIR wins
+    over e2eprof's folder (and with E2EPROF_COMPILE_CACHE=off, torch's and Triton's own defaults apply)."""
+    ours = folder()
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or (
+        str(ours / "inductor") if ours is not None
+        else os.path.join(tempfile.gettempdir(), "torchinductor_" + _user()))  # Inductor's default
+    triton = os.environ.get("TRITON_CACHE_DIR") or (
+        str(ours / "triton") if ours is not None
+        else os.path.join(os.environ.get("TRITON_HOME") or str(Path.home()), ".triton", "cache"))  # Triton's default
+    return {"inductor": Path(inductor).expanduser(), "triton": Path(triton).expanduser()}
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name (a container without an entry in /etc/passwd)
+        return str(os.getuid())
+
+
 def describe() -> dict:
-    """For run.parquet, as the run starts: the folder and whether it already held artifacts (a warm cache)."""
+    """For run.parquet, as the run starts: the folder and whether the caches the workers will use already held
+    artifacts (a warm cache). Warmth is read from the folders in effect, not only e2eprof's: on a machine whose
+    environment sets TORCHINDUCTOR_CACHE_DIR, an earlier run's graphs are loaded from there, and a compile arm's first
+    step is then no compilation from scratch, whatever e2eprof's own folder holds."""
     where = folder()
+    if where is not None:
+        where.mkdir(parents=True, exist_ok=True)
+    used = effective_folders()
+    warm = any(p.is_file() for d in used.values() if d.is_dir() for p in d.rglob("*"))
+    overridden = [f"{name}: {path}" for name, path in used.items()
+                  if where is None or not str(path).startswith(str(where))]
     if where is None:
-        return {"compile_cache_dir": None, "compile_cache_warm": None}
-    where.mkdir(parents=True, exist_ok=True)
-    return {"compile_cache_dir": str(where), "compile_cache_warm": any(p.is_file() for p in where.rglob("*"))}
+        return {"compile_cache_dir": None, "compile_cache_warm": warm}
+    shown = str(where) if not overridden else f"{where} (set in the environment, and used instead: {'; '.join(overridden)})"
+    return {"compile_cache_dir": shown, "compile_cache_warm": warm}

@@ -52,9 +52,28 @@ def test_folder_follows_the_variable_and_can_be_turned_off(tmp_path, monkeypatch
 
 
 def test_a_users_own_inductor_folder_wins(tmp_path, monkeypatch):
-    monkeypatch.setenv(compile_cache.VARIABLE, str(tmp_path))
+    monkeypatch.setenv(compile_cache.VARIABLE, str(tmp_path / "ours"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "users"))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     assert "TORCHINDUCTOR_CACHE_DIR" not in compile_cache.environment()
+    # The run says which folder is really used, and reads its warmth from there: an earlier run's graphs in the
+    # user's folder make a "cold" first step a cache load, even though e2eprof's own folder is empty.
+    (tmp_path / "users" / "fxgraph").mkdir(parents=True)
+    (tmp_path / "users" / "fxgraph" / "entry").write_text("x")
+    described = compile_cache.describe()
+    assert described["compile_cache_warm"] is True
+    assert f"inductor: {tmp_path / 'users'}" in described["compile_cache_dir"]
+    assert described["compile_cache_dir"].startswith(str(tmp_path / "ours"))
+
+
+def test_turned_off_reads_the_warmth_of_torchs_own_folders(tmp_path, monkeypatch):
+    monkeypatch.setenv(compile_cache.VARIABLE, "off")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    assert compile_cache.describe() == {"compile_cache_dir": None, "compile_cache_warm": False}
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "kernel.cubin").write_text("x")
+    assert compile_cache.describe() == {"compile_cache_dir": None, "compile_cache_warm": True}
 
 
 def test_second_process_loads_the_first_ones_compilation(tmp_path, monkeypatch):
