@@ -245,7 +245,7 @@ class InferWorkload(Workload):
 
         The forward is called exactly as `step` calls it (no labels), and the loss is taken from its logits with the
         model's own loss function, as its forward would have: a compiled arm then reuses the graph its cold step
-        built instead of compiling another one for the labels (10-17 s of a default run on the H200).
+        built instead of compiling another one for the labels.
         """
         with torch.no_grad(), _eval_mode(self.model):
             ids = self._to_device(host_batch)  # (B, T)

@@ -71,7 +71,7 @@ def build_model(source: ModelSource, *, attn_implementation: str, seed: int,
     Presets get weights drawn from torch's generator of the device they are built on, seeded with `seed`; the caller's
     global RNG state is left as it was (the draw happens inside `torch.random.fork_rng`). A preset built on a CUDA
     device draws its weights there: GPT-2's 124M parameters are initialised twice (torch's module defaults, then
-    transformers' own init), which took 11 s on a GPU host's CPU per worker against milliseconds on the GPU. Every arm
+    transformers' own init): seconds of a GPU host's CPU per worker, milliseconds on the GPU. Every arm
     of a run builds on the same kind of device with the same seed, so all arms hold the same weights (the CPU and a
     GPU draw different ones). Folders are read on the CPU and moved; for them the seed only matters if transformers
     had to initialise something, which we refuse anyway (missing weights raise ModelLoadError).

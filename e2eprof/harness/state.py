@@ -122,8 +122,8 @@ class RunState:
 
     def flush_steps(self) -> None:
         """Only the steps table: what the timing loop adds between rounds. A full flush rewrites every table (the
-        profiles' ops among them) and cost 3.6 s of a default run's timing phases on an H100 host; the others are
-        written at the end of each phase as before, and by the run's final flush."""
+        profiles' ops among them), seconds of a timing phase on a GPU host; the others are written at the end of each
+        phase as before, and by the run's final flush."""
         self._stamp()
         steps = self.steps_frame()
         reports.write_table(self.out_dir, "steps", steps.assign(run_id=self.run_row["run_id"]) if len(steps) else [])
