@@ -74,8 +74,8 @@ def _check_forward_args(scores: torch.Tensor, mask: Optional[torch.Tensor], out_
 # custom_op's per-call Python layers (a generic autograd kernel, alias checks, dynamo-disabling wrappers) cost more
 # host time than the op's own work on small scores. Ops, schemas, fake kernels and autograd are the same, so traces,
 # opcheck and torch.compile see the same two named ops. With the plain-Python mask check above, this cut about a
-# quarter of the host time per forward call (benchmarks/host_overhead.py measures it). One difference: a double backward now raises when the first backward is taken with
-# create_graph=True, not later when the second one runs.
+# quarter of the host time per forward call (benchmarks/host_overhead.py measures it). One difference: a double
+# backward now raises when the first backward is taken with create_graph=True, not later when the second one runs.
 _LIB = torch.library.Library("e2eprof", "FRAGMENT")  # kept alive for the registrations' lifetime
 _LIB.define("fusedsoftmax(Tensor scores, Tensor? mask, float scale, ScalarType out_dtype) -> Tensor")
 _LIB.define("fusedsoftmax_backward(Tensor grad_out, Tensor out, float scale, ScalarType in_dtype) -> Tensor")
