@@ -11,6 +11,7 @@ Usage: python3 benchmarks/phase_breakdown.py RUN_DIR [RUN_DIR ...] [--by-workloa
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -23,46 +24,41 @@ ORDER = ("start-up and checks", "start workers and build models", "cold step", "
 
 
 def phase_seconds(run: Path, by_workload: bool) -> pd.Series:
-    """Seconds per phase (or per (phase, workload)) of one run, in the order the run goes through them."""
+    """Seconds per phase of one run, in the order the run goes through them; with by_workload a row per phase and
+    workload, labelled "phase (workload)"."""
     phases = RunDir(run).read("phases")
     keys = ["phase", "workload"] if by_workload else ["phase"]
     seconds = phases.groupby(keys, sort=False).seconds.sum()
     rank = {name: i for i, name in enumerate(ORDER)}
     workloads = {w: i for i, w in enumerate(dict.fromkeys(phases.workload))}
-
-    def position(key):
-        phase, workload = (key, "*") if not by_workload else key
-        return rank.get(phase, len(ORDER)), workloads.get(workload, 0)
-
-    return seconds.reindex(sorted(seconds.index, key=position))
+    rows = [(key, "*") if not by_workload else key for key in seconds.index]
+    order = sorted(range(len(rows)), key=lambda i: (rank.get(rows[i][0], len(ORDER)), workloads.get(rows[i][1], 0)))
+    labels = [phase if workload == "*" else f"{phase} ({workload})" for phase, workload in rows]
+    return pd.Series([seconds.iloc[i] for i in order], index=[labels[i] for i in order])
 
 
-def compile_first_steps(run: Path) -> float | None:
-    """Seconds of the compile arm's cold steps, all workloads together (None: the run had no compile arm)."""
+def compile_first_steps(run: Path) -> float:
+    """Seconds of the compile arm's cold steps, all workloads together (NaN: no compile arm, or no steps table)."""
     if not RunDir(run).has("steps"):  # a report that kept only some tables
-        return None
+        return math.nan
     steps = RunDir(run).read("steps")
     cold = steps[(steps.phase == "cold") & (steps.arm == "compile")]
-    return float(cold.wall_ns.sum() / 1e9) if len(cold) else None
+    return float(cold.wall_ns.sum() / 1e9) if len(cold) else math.nan
 
 
 def table(runs: list[Path], by_workload: bool = False) -> str:
     columns = {run.name: phase_seconds(run, by_workload) for run in runs}
     frame = pd.DataFrame(columns)
-    names = list(columns)
-    head = "| phase |" + "".join(f" {n} s |" for n in names) + "\n|---|" + "---:|" * len(names) + "\n"
-
-    def label(key):
-        return f"{key[0]} ({key[1]})" if isinstance(key, tuple) and key[1] != "*" else (key[0] if isinstance(key, tuple) else key)
+    head = "| phase |" + "".join(f" {n} s |" for n in columns) + "\n|---|" + "---:|" * len(columns) + "\n"
 
     def cells(values):
         return "".join(f" {v:.1f} |" if pd.notna(v) else " - |" for v in values)
 
-    lines = [f"| {label(key)} |{cells(row)}" for key, row in frame.iterrows()]
+    lines = [f"| {label} |{cells(row)}" for label, row in frame.iterrows()]
     lines.append(f"| **total** |{cells(frame.sum())}")
     first = [compile_first_steps(run) for run in runs]
-    if any(v is not None for v in first):
-        lines.append(f"| of which the compile arm's first steps |{cells([v if v is not None else float('nan') for v in first])}")
+    if any(pd.notna(v) for v in first):
+        lines.append(f"| of which the compile arm's first steps |{cells(first)}")
     return head + "\n".join(lines) + "\n"
 
 

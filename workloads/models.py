@@ -83,9 +83,9 @@ def build_model(source: ModelSource, *, attn_implementation: str, seed: int,
 
     auto_class = AutoModelForMaskedLM if objective(source.architecture) == "masked-lm" else AutoModelForCausalLM
     on_gpu = device is not None and torch.device(device).type == "cuda" and source.kind == "preset"
-    target = torch.device(device) if on_gpu else torch.device("cpu")
-    if on_gpu and target.index is None:
-        target = torch.device("cuda", torch.cuda.current_device())
+    # Parameters created, and drawn, on the GPU; a CPU build needs no device context, which would route every torch
+    # call of the construction through a TorchFunctionMode.
+    built_on = torch.device(device) if on_gpu else contextlib.nullcontext()
     # manual_seed seeds every CUDA device: fork them all, so no caller's generator changes.
     with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if on_gpu else []):
         torch.manual_seed(seed)  # every device's generator
@@ -94,9 +94,7 @@ def build_model(source: ModelSource, *, attn_implementation: str, seed: int,
                 # A fresh config per build: from_config stores the config object on the model and writes
                 # _attn_implementation into it, so a shared config would switch an earlier model's attention too.
                 config = AutoConfig.for_model(**PRESETS[source.name])
-                # Parameters created, and drawn, on the GPU (a CPU build needs no device context, which would route
-                # every torch call of the construction through a TorchFunctionMode).
-                with target if on_gpu else contextlib.nullcontext():
+                with built_on:
                     model = auto_class.from_config(
                         config, attn_implementation=attn_implementation, dtype=torch.float32
                     )

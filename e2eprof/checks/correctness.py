@@ -67,7 +67,10 @@ def compare_captures(workload: str, reference_path: str, captures: dict[str, str
                 rows.append(_row(workload, arm, key, "shape_mismatch", math.nan, math.nan, False,
                                  f"{tuple(value.shape)} vs reference {tuple(ref.shape)}"))
                 continue
-            norms = stock_norms[key] if arm == "baseline" and key in stock_norms else error_norms(value, ref, facts[key])
+            if arm == "baseline" and key in stock_norms:
+                norms = stock_norms[key]
+            else:
+                norms = error_norms(value, ref, facts[key])
             metric, basis = "rel_error_vs_fp64", None
             if key.startswith("grad/") and norms[1] < NEGLIGIBLE_GRADIENT**2 * grad_scale_sq:
                 metric, basis = "error_vs_model_gradient_norm", grad_scale_sq
