@@ -23,7 +23,8 @@
 #   multi-gpu      train-ddp and train-fsdp, --nproc 2 (needs two GPUs)
 #   host-cost      benchmarks/host_overhead.py --device cuda --layers (each built-in op's host cost per call vs the stock op,
 #                  and a forward call split into dispatcher, wrapper and Triton launch)
-#   repeat         the default command twice on a fresh compile cache (OUT_DIR/repeat/compile-cache): first and repeat,
+#   repeat         the default command twice on a fresh compile cache (OUT_DIR/repeat/compile-cache, Inductor's and
+#                  Triton's caches in it whatever the environment sets): first and repeat,
 #                  their phases side by side in repeat/phases.log (benchmarks/phase_breakdown.py)
 #   candidates     several candidates per run, Liger-Kernel beside ours (needs liger-kernel importable): gpt2 softmax
 #                  (fastsoftmax, liger-softmax, fusedsoftmax) and layernorm; llama-1b norms and MLPs in inference,
@@ -118,11 +119,16 @@ for part in "${PARTS[@]}"; do
       done ;;
     host-cost) step "$dir" host_overhead "$PY" benchmarks/host_overhead.py --device cuda --layers --out "$dir/host-cost" ;;
     repeat)
+      # Every compiler cache in the fresh folder: a TORCHINDUCTOR_CACHE_DIR or TRITON_CACHE_DIR set by the machine's
+      # image wins over e2eprof's folder, and would hand the "first" run an earlier run's graphs.
+      saved_caches=$(declare -p TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR 2>/dev/null)
       export E2EPROF_COMPILE_CACHE="$dir/compile-cache"
+      export TORCHINDUCTOR_CACHE_DIR="$E2EPROF_COMPILE_CACHE/inductor" TRITON_CACHE_DIR="$E2EPROF_COMPILE_CACHE/triton"
       rm -rf "$E2EPROF_COMPILE_CACHE"
       compare "$dir" "$MODEL_-fastsoftmax-first" compare --model "$MODEL_" --patch fastsoftmax
       compare "$dir" "$MODEL_-fastsoftmax-repeat" compare --model "$MODEL_" --patch fastsoftmax
-      unset E2EPROF_COMPILE_CACHE
+      unset E2EPROF_COMPILE_CACHE TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
+      eval "$saved_caches"
       step "$dir" phases "$PY" benchmarks/phase_breakdown.py "$dir/$MODEL_-fastsoftmax-first" \
         "$dir/$MODEL_-fastsoftmax-repeat" ;;
     candidates-gpt2)

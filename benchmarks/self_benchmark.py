@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import hashlib
 import math
 import os
 import shlex
@@ -638,18 +639,33 @@ def figure(part: str, table: pd.DataFrame, default_noise: float = 0.0,
     raise ValueError(part)
 
 
+SOURCE_FOLDERS = ("e2eprof", "workloads", "kernels")
+
+
+def source_stamp(root: Path = Path(__file__).resolve().parent.parent) -> str:
+    """A hash of the measuring code (every .py file of the tool, its workloads and kernels). Rows appended over
+    several sittings may come from different code; the hash tells them apart where no git history travels along
+    (a GPU machine gets a copy of the working tree, not the repository)."""
+    digest = hashlib.sha256()
+    for folder in SOURCE_FOLDERS:
+        for path in sorted((root / folder).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
 def versions(device: str) -> dict:
     env = capture_environment(device)
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "gpu": env.get("gpu_name") or env.get("cpu_model") or "cpu", "python": env["python"], "torch": env["torch"],
-            "transformers": env["transformers"], "triton": env["triton"]}
+            "transformers": env["transformers"], "triton": env["triton"], "source": source_stamp()}
 
 
 def markdown(part: str, table: pd.DataFrame, default_noise: float = 0.0, default_replicas: int = 1) -> str:
     text, meets, detail = figure(part, table, default_noise, default_replicas)
     mark = MARKS[meets]
     env = "; ".join(f"{k} {', '.join(map(str, table[k].dropna().unique()))}" for k in
-                    ("gpu", "python", "torch", "transformers", "triton", "model", "workload") if k in table)
+                    ("gpu", "python", "torch", "transformers", "triton", "model", "workload", "source")
+                    if k in table)
     dates = sorted(table.date.dropna().unique()) if "date" in table else []
     errors = table.error.fillna("") if "error" in table else pd.Series(dtype=str)
     if errors.ne("").any():  # left out of the figure, so say how many and where to look

@@ -99,6 +99,21 @@ def test_aa_runs_calibrate_and_records_each_run(out):
     assert table.command.iloc[0].startswith("python3 -m e2eprof calibrate --model gpt2-tiny")
     assert (out / "runs" / "aa-000" / "summary.parquet").exists()
     assert "A/A runs significant" in text
+    stamp = load_module().source_stamp()
+    assert table.source.iloc[0] == stamp and f"source {stamp}" in text
+
+
+def test_source_stamp_changes_with_the_measuring_code(tmp_path):
+    sb = load_module()
+    for folder in sb.SOURCE_FOLDERS:
+        (tmp_path / folder).mkdir()
+    (tmp_path / "e2eprof" / "stats.py").write_text("NOISE = 0.01\n")
+    (tmp_path / "README.md").write_text("prose is not measuring code\n")
+    before = sb.source_stamp(tmp_path)
+    (tmp_path / "README.md").write_text("changed prose\n")
+    assert sb.source_stamp(tmp_path) == before
+    (tmp_path / "e2eprof" / "stats.py").write_text("NOISE = 0.02\n")
+    assert sb.source_stamp(tmp_path) != before
 
 
 def test_sensitivity_sizes_the_delay_from_the_aa_baseline(out):
