@@ -7,11 +7,12 @@ between blocks only. Each figure is microseconds per call over REPEATS blocks of
 interleaved so drift on a shared machine hits them alike. The minimum block is the steadier estimate on a busy
 machine, the median is reported beside it; `ratio` is the kernel's minimum over the stock op's minimum.
 
---layers splits a forward call of every built-in kernel (each registered through torch.library.Library) into where
-its host time goes: `impl` calls the op's Python implementation directly (no dispatcher, no autograd kernel), `launch`
-calls the device code alone, after only a view of the inputs to its 2-D or flat layout (the Triton launcher on CUDA,
-cpu.py on the CPU). op - impl is the dispatcher's share, impl - launch the wrapper's (checks, reshapes, counters),
-launch the rest.
+--layers splits a forward call of every built-in kernel into where its host time goes. An eager call of the public
+function (`kernel`) skips the dispatcher (kernels/_dispatch.py run_directly); `op` calls `torch.ops.e2eprof.<op>`,
+the path taken under torch.compile, a profiler or a dispatch mode; `impl` calls the op's Python implementation
+directly; `launch` calls the device code alone, after only a view of the inputs to its 2-D or flat layout (the Triton
+launcher on CUDA, cpu.py on the CPU). op - impl is the dispatcher's share, kernel - impl the public function's
+routing, impl - launch the wrapper's (checks, reshapes, counters), launch the rest.
 
 Usage (from the checkout): PYTHONPATH=$PWD python3 benchmarks/host_overhead.py --out DIR [--device cuda|cpu] [--layers]
 Writes DIR/host_overhead.parquet (one row per block: kernel, arm, kind, block, us_per_call) and
@@ -68,8 +69,9 @@ def cases(device: str) -> dict[str, tuple[Callable, Callable, Callable[[], tuple
     }
 
 
-def layers(device: str) -> dict[str, tuple[Callable, Callable, Callable[[], tuple]]]:
-    """kernel -> (the op's Python implementation, its device code alone, inputs factory), forward only."""
+def layers(device: str) -> dict[str, tuple[Callable, Callable, Callable, Callable[[], tuple]]]:
+    """kernel -> (the op through the dispatcher, the op's Python implementation, its device code alone, inputs
+    factory), forward only."""
     import e2eprof.kernels.fastgelu.op as gelu_op
     import e2eprof.kernels.fastlayernorm.op as layernorm_op
     import e2eprof.kernels.fastsoftmax.op as softmax_op
@@ -88,21 +90,24 @@ def layers(device: str) -> dict[str, tuple[Callable, Callable, Callable[[], tupl
     mask = torch.zeros((1, 1) + SCORES[2:], device=device)
     sm, fs, ge, ln = code(softmax_op), code(fused_op), code(gelu_op), code(layernorm_op)
     rn, sw = code(rmsnorm_op), code(swiglu_op)
+    ops = torch.ops.e2eprof
     return {
-        "fastsoftmax": (lambda x: softmax_op._fastsoftmax_impl(x, -1, None),
+        "fastsoftmax": (lambda x: ops.fastsoftmax(x, -1, None), lambda x: softmax_op._fastsoftmax_impl(x, -1, None),
                         lambda x: sm.softmax_forward(x.view(-1, x.shape[-1]), x.dtype), lambda: (t(SCORES),)),
-        "fusedsoftmax": (lambda x: fused_op._fusedsoftmax_impl(x, mask, 0.5, x.dtype),
+        "fusedsoftmax": (lambda x: ops.fusedsoftmax(x, mask, 0.5, x.dtype),
+                         lambda x: fused_op._fusedsoftmax_impl(x, mask, 0.5, x.dtype),
                          lambda x: fs.fused_softmax_forward(x, mask.expand(x.shape), 0.5, x.dtype),
                          lambda: (t(SCORES),)),
-        "fastgelu": (lambda x: gelu_op._fastgelu_impl(x, None, "tanh"),
+        "fastgelu": (lambda x: ops.fastgelu(x, None, "tanh"), lambda x: gelu_op._fastgelu_impl(x, None, "tanh"),
                      lambda x: ge.gelu_forward(x.view(-1), x.dtype, "tanh"), lambda: (t(HIDDEN),)),
-        "fastlayernorm": (lambda x, w, b: layernorm_op._fastlayernorm_impl(x, [c], w, b, 1e-5, None)[0],
+        "fastlayernorm": (lambda x, w, b: ops.fastlayernorm(x, [c], w, b, 1e-5, None)[0],
+                          lambda x, w, b: layernorm_op._fastlayernorm_impl(x, [c], w, b, 1e-5, None)[0],
                           lambda x, w, b: ln.layer_norm_forward(x.view(-1, c), w, b, 1e-5, x.dtype)[0],
                           lambda: (t(HIDDEN), t(c), t(c))),
-        "rmsnorm": (lambda x, w: rmsnorm_op._rmsnorm_impl(x, w, 1e-6),
+        "rmsnorm": (lambda x, w: ops.rmsnorm(x, w, 1e-6), lambda x, w: rmsnorm_op._rmsnorm_impl(x, w, 1e-6),
                     lambda x, w: rn.rmsnorm_forward(x.view(-1, c), w, 1e-6), lambda: (t(HIDDEN), t(c))),
-        "swiglu": (swiglu_op._swiglu_impl, lambda g, u: sw.swiglu_forward(g.view(-1), u.view(-1)),
-                   lambda: (t(HIDDEN), t(HIDDEN))),
+        "swiglu": (lambda g, u: ops.swiglu(g, u), swiglu_op._swiglu_impl,
+                   lambda g, u: sw.swiglu_forward(g.view(-1), u.view(-1)), lambda: (t(HIDDEN), t(HIDDEN))),
     }
 
 
@@ -133,7 +138,7 @@ def block_us(step: Callable[[], None], sync: Callable[[], None]) -> float:
 
 def measure(device: str, kernels: list[str], split: bool = False) -> pd.DataFrame:
     """Raw per-call times, one row per (kernel, arm, kind, block); every step's blocks interleaved.
-    split: also the arms "impl" and "launch" (forward) of the kernels `layers` knows."""
+    split: also the arms "op", "impl" and "launch" (forward) of the kernels `layers` knows."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     table = cases(device)
     parts = layers(device) if split else {}
@@ -144,8 +149,8 @@ def measure(device: str, kernels: list[str], split: bool = False) -> pd.DataFram
             for kind, step in steps(call, make).items():
                 calls[kernel, arm, kind] = step
         if kernel in parts:
-            impl, launch, make_split = parts[kernel]
-            for arm, call in (("impl", impl), ("launch", launch)):
+            op, impl, launch, make_split = parts[kernel]
+            for arm, call in (("op", op), ("impl", impl), ("launch", launch)):
                 calls[kernel, arm, "fwd"] = steps(call, make_split)["fwd"]
     for step in calls.values():
         for _ in range(WARMUP):
@@ -171,16 +176,18 @@ def summary(raw: pd.DataFrame) -> pd.DataFrame:
 
 
 def layers_markdown(raw: pd.DataFrame) -> str:
-    """The forward call split into dispatcher, wrapper and device code (minimum of the blocks), where measured."""
+    """The forward call split into routing, dispatcher, wrapper and device code (minimum of the blocks), where
+    measured."""
     fwd = raw[raw.kind == "fwd"].groupby(["kernel", "arm"], sort=False)["us_per_call"].min().unstack("arm")
     if "impl" not in fwd:
         return ""
-    fwd = fwd.dropna(subset=["impl", "launch"])
-    lines = [f"| {k} | {r.kernel:.1f} | {r.kernel - r.impl:.1f} | {r.impl - r.launch:.1f} | {r.launch:.1f} | {r.stock:.1f} |"
-             for k, r in fwd.iterrows()]
-    return ("\nForward call by layer, min us: op = dispatcher (op - impl) + wrapper (impl - launch) + device code "
-            "(launch)\n\n| kernel | op | dispatcher | wrapper | device code | stock op |\n|---|---:|---:|---:|---:|---:|\n"
-            + "\n".join(lines) + "\n")
+    fwd = fwd.dropna(subset=["op", "impl", "launch"])
+    lines = [f"| {k} | {r.kernel:.1f} | {r.kernel - r.impl:.1f} | {r.op:.1f} | {r.op - r.impl:.1f} | "
+             f"{r.impl - r.launch:.1f} | {r.launch:.1f} | {r.stock:.1f} |" for k, r in fwd.iterrows()]
+    return ("\nForward call by layer, min us: call = routing (call - impl) + wrapper (impl - launch) + device code "
+            "(launch); through torch.ops (compile, profiler, modes) = dispatcher (op - impl) + wrapper + device code"
+            "\n\n| kernel | call | routing | via torch.ops | dispatcher | wrapper | device code | stock op |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(lines) + "\n")
 
 
 def markdown(table: pd.DataFrame, device: str) -> str:

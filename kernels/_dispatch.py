@@ -6,7 +6,8 @@ environment variable per kernel (e.g. E2EPROF_FASTSOFTMAX_IMPL=triton) forces th
 meaningful under TRITON_INTERPRET=1 (the tests use it to run the Triton code without a GPU).
 
 Also the helpers every op.py would otherwise repeat: the lazy import of its Triton module (triton_kernels), the
-floating-dtype check of its arguments (check_float) and the registration of an op's kernels (register_kernels).
+floating-dtype check of its arguments (check_float), the registration of an op's kernels (register_kernels) and
+the test of whether an eager call may skip the dispatcher (run_directly).
 """
 
 from __future__ import annotations
@@ -78,3 +79,27 @@ def register_kernels(lib: torch.library.Library, name: str, *, impl, autograd, f
     lib.impl(name, impl, "CompositeExplicitAutograd")
     lib.impl(name, autograd, "Autograd", with_keyset=True)
     torch.library.register_fake(f"{lib.ns}::{name}", fake, lib=lib)
+
+
+# nn.Parameter is a plain tensor too (it turns torch functions off for itself); any other subclass, FakeTensor and
+# DTensor among them, may want to see the op.
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def run_directly(*tensors: torch.Tensor | None) -> bool:
+    """Whether an eager call of a built-in op may run its implementation directly instead of through the dispatcher.
+
+    A Python op pays the dispatcher twice per call (its Autograd kernel, then its implementation), several times the
+    host time of the stock op it replaces; the ops' public functions skip it where nothing can tell the difference:
+    plain tensors, no torch.compile tracing, no torch-function or dispatch mode (fake tensors, functionalization,
+    FLOP counters), no functorch transform, and no profiler, which must see the named op (e2eprof::fastsoftmax and
+    its kernels) in its trace. Everywhere else the call goes through `torch.ops.e2eprof.*` as before; both paths run
+    the same implementation, so their results are the same bit for bit.
+    """
+    if (torch.compiler.is_compiling() or torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack()
+            or torch._C._functorch.peek_interpreter_stack() is not None or torch._C._autograd._profiler_enabled()):
+        return False
+    for t in tensors:
+        if t is not None and type(t) not in _PLAIN_TENSORS:
+            return False
+    return True

@@ -20,11 +20,13 @@ implementations work on that layout's memory as one flat array.
 
 import collections
 import functools
+import types
 from typing import Optional
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, check_float, choose_impl, register_kernels, triton_kernels
+from .._dispatch import (TRITON_AVAILABLE, check_float, choose_impl, register_kernels, run_directly,
+                         triton_kernels)
 from . import cpu
 from .cpu import APPROXIMATIONS
 
@@ -85,11 +87,21 @@ _BWD_OP = torch.ops.e2eprof.fastgelu_backward.default
 # calls a Python kernel, so "tanh" arrives as no argument at all.
 
 
+@functools.cache
+def _triton() -> types.ModuleType:
+    return triton_kernels(__package__)  # imported on first use, then kept: an import call per call costs host time
+
+
 def _fastgelu_impl(x: torch.Tensor, out_dtype: Optional[torch.dtype], approximate: str = "tanh") -> torch.Tensor:
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_float("x", x.dtype)
     _check_float("out_dtype", out_dtype)
     _check_approximate(approximate)
+    if x.is_cuda and TRITON_AVAILABLE and x.is_contiguous():
+        # Contiguous on the GPU: the stock op's output is contiguous too, and the kernel walks the memory flat.
+        y = _triton().gelu_forward(x, out_dtype, approximate)
+        IMPL_CALLS["triton.fwd"] += 1
+        return y
     impl = _choose_impl(x)
     strides = _stock_strides(x)
     x1d = _flat_in(x, strides)  # (N,)
@@ -112,6 +124,10 @@ def _fastgelu_fake(x: torch.Tensor, out_dtype: Optional[torch.dtype], approximat
 def _fastgelu_backward_impl(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: torch.dtype,
                             approximate: str = "tanh") -> torch.Tensor:
     _check_backward_args(grad_out, x, dx_dtype, approximate)
+    if x.is_cuda and TRITON_AVAILABLE and x.is_contiguous() and grad_out.is_contiguous():
+        dx = _triton().gelu_backward(grad_out, x, dx_dtype, approximate)
+        IMPL_CALLS["triton.bwd"] += 1
+        return dx
     impl = _choose_impl(x)
     strides = _stock_strides(x)
     dy1d = _flat_in(grad_out, strides)  # (N,)
@@ -147,7 +163,8 @@ _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 
 
 class _FastGELUFunction(torch.autograd.Function):
-    """The Autograd kernel of e2eprof::fastgelu: runs the op below autograd and records its backward."""
+    """The Autograd kernel of e2eprof::fastgelu: runs the op below autograd and records its backward. With keyset None,
+    an eager call that skips the dispatcher (run_directly), as fastsoftmax's."""
 
     @staticmethod
     def forward(ctx, keyset, x: torch.Tensor, out_dtype: Optional[torch.dtype], approximate: str) -> torch.Tensor:
@@ -155,11 +172,15 @@ class _FastGELUFunction(torch.autograd.Function):
         # tensor, where the stock chain keeps several.
         ctx.save_for_backward(x)
         ctx.approximate = approximate
+        if keyset is None:
+            return _fastgelu_impl(x, out_dtype, approximate)
         return _FWD_OP.redispatch(keyset, x, out_dtype, approximate)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         (x,) = ctx.saved_tensors
+        if not torch.is_grad_enabled() and run_directly(grad_out):
+            return None, _fastgelu_backward_impl(grad_out, x, x.dtype, ctx.approximate), None, None
         return None, _BWD_OP(grad_out, x, x.dtype, ctx.approximate), None, None
 
 
@@ -193,6 +214,10 @@ def fastgelu(x: torch.Tensor, out_dtype: Optional[torch.dtype] = None, approxima
     Calls `torch.ops.e2eprof.fastgelu`: reads x in its own dtype, computes in fp32 (fp64 for fp64 input on the CPU
     implementation). Differentiable; the gradient has x's dtype. The result has the layout the stock op would give.
     """
+    if run_directly(x):
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _FastGELUFunction.apply(None, x, out_dtype, approximate)
+        return _fastgelu_impl(x, out_dtype, approximate)
     return _FWD_OP(x, out_dtype, approximate)  # torch.ops.e2eprof.fastgelu.default, bound once
 
 

@@ -1,4 +1,4 @@
-"""Triton GELU kernels (tanh approximation and exact erf) and their launchers, on flat 1-D contiguous tensors.
+"""Triton GELU kernels (tanh approximation and exact erf) and their launchers, on contiguous tensors (walked flat).
 
 Why this exists: transformers' NewGELUActivation (GPT-2's `gelu_new`) is written as a chain of eager elementwise ops
 (pow, mul, add, mul, tanh, add, mul, mul); each one reads and writes the whole MLP activation (B, T, 4 * n_embd),
@@ -15,12 +15,13 @@ This module imports triton at import time; import it only when triton is install
 TRITON_INTERPRET=1 (set before triton is first imported) the kernels also run on CPU tensors, for tests.
 """
 
-import contextlib
 import math
 
 import torch
 import triton
 import triton.language as tl
+
+from .._launch import launch
 
 # Globals used inside @triton.jit must be constexpr.
 SQRT_2_OVER_PI = tl.constexpr(math.sqrt(2.0 / math.pi))
@@ -88,8 +89,9 @@ def _gelu_bwd_erf_kernel(dy_ptr, x_ptr, dx_ptr, n_elements, BLOCK: tl.constexpr)
 
 
 def _check_1d(name: str, t: torch.Tensor) -> None:
-    if t.dim() != 1 or not t.is_contiguous():
-        raise ValueError(f"{name} must be a 1-D contiguous tensor, got shape {tuple(t.shape)} strides {t.stride()}")
+    # Any shape: the kernels walk the memory flat, so a contiguous activation needs no view first.
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous tensor, got shape {tuple(t.shape)} strides {t.stride()}")
     if t.dtype not in KERNEL_DTYPES:
         raise TypeError(f"{name}: Triton GELU supports {KERNEL_DTYPES}, got {t.dtype}")
 
@@ -109,7 +111,7 @@ def _kernels(approximate: str):
 
 
 def gelu_forward(x1d: torch.Tensor, out_dtype: torch.dtype, approximate: str = "tanh") -> torch.Tensor:
-    """GELU of a 1-D contiguous tensor, read in its own dtype, fp32 math, written as `out_dtype`.
+    """GELU of a contiguous tensor (any shape), read in its own dtype, fp32 math, written as `out_dtype`.
 
     approximate: "tanh" (GPT-2's gelu_new) or "none" (exact erf GELU, BERT's), as in torch.nn.functional.gelu.
 
@@ -119,18 +121,17 @@ def gelu_forward(x1d: torch.Tensor, out_dtype: torch.dtype, approximate: str = "
     _check_out_dtype("out_dtype", out_dtype)
     fwd_kernel, _ = _kernels(approximate)
     n = x1d.numel()
-    y1d = torch.empty((n,), dtype=out_dtype, device=x1d.device)
+    y1d = torch.empty(x1d.shape, dtype=out_dtype, device=x1d.device)
     if n == 0:
         return y1d
-    with _device_of(x1d):
-        grid = (triton.cdiv(n, ELEMENTS_PER_PROGRAM),)
-        fwd_kernel[grid](x1d, y1d, n, BLOCK=ELEMENTS_PER_PROGRAM, num_warps=NUM_WARPS)
+    grid = (triton.cdiv(n, ELEMENTS_PER_PROGRAM),)
+    launch(fwd_kernel, grid, x1d, y1d, n, BLOCK=ELEMENTS_PER_PROGRAM, num_warps=NUM_WARPS)
     return y1d
 
 
 def gelu_backward(dy1d: torch.Tensor, x1d: torch.Tensor, dx_dtype: torch.dtype, approximate: str = "tanh"
                   ) -> torch.Tensor:
-    """dx = dy * GELU'(x) for 1-D contiguous tensors of the same length (dtypes may differ), written as `dx_dtype`."""
+    """dx = dy * GELU'(x) for contiguous tensors of the same shape (dtypes may differ), written as `dx_dtype`."""
     _check_1d("dy1d", dy1d)
     _check_1d("x1d", x1d)
     _check_out_dtype("dx_dtype", dx_dtype)
@@ -138,18 +139,9 @@ def gelu_backward(dy1d: torch.Tensor, x1d: torch.Tensor, dx_dtype: torch.dtype, 
     if dy1d.shape != x1d.shape:
         raise ValueError(f"dy1d {tuple(dy1d.shape)} and x1d {tuple(x1d.shape)} must have the same shape")
     n = x1d.numel()
-    dx1d = torch.empty((n,), dtype=dx_dtype, device=x1d.device)
+    dx1d = torch.empty(x1d.shape, dtype=dx_dtype, device=x1d.device)
     if n == 0:
         return dx1d
-    with _device_of(x1d):
-        grid = (triton.cdiv(n, ELEMENTS_PER_PROGRAM),)
-        bwd_kernel[grid](dy1d, x1d, dx1d, n, BLOCK=ELEMENTS_PER_PROGRAM, num_warps=NUM_WARPS)
+    grid = (triton.cdiv(n, ELEMENTS_PER_PROGRAM),)
+    launch(bwd_kernel, grid, dy1d, x1d, dx1d, n, BLOCK=ELEMENTS_PER_PROGRAM, num_warps=NUM_WARPS)
     return dx1d
-
-
-def _device_of(t: torch.Tensor):
-    # Triton launches on the current CUDA device; make it the tensor's so cuda:1 inputs work.
-    # CPU tensors (interpreter) need no guard.
-    if t.is_cuda:
-        return torch.cuda.device(t.device)
-    return contextlib.nullcontext()

@@ -21,7 +21,8 @@ from typing import Optional
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, check_float, choose_impl, register_kernels, triton_kernels
+from .._dispatch import (TRITON_AVAILABLE, check_float, choose_impl, register_kernels, run_directly,
+                         triton_kernels)
 from . import cpu
 
 IMPL_ENV = "E2EPROF_FASTLAYERNORM_IMPL"
@@ -176,14 +177,16 @@ _BWD_OP = torch.ops.e2eprof.fastlayernorm_backward.default
 
 
 class _FastLayerNormFunction(torch.autograd.Function):
-    """The Autograd kernel of e2eprof::fastlayernorm: runs the op below autograd and records its backward."""
+    """The Autograd kernel of e2eprof::fastlayernorm: runs the op below autograd and records its backward. With keyset
+    None, an eager call that skips the dispatcher (run_directly), as fastsoftmax's."""
 
     @staticmethod
     def forward(ctx, keyset, x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
                 bias: Optional[torch.Tensor], eps: float,
                 out_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         with _AutoDispatchBelowAutograd():
-            y, mean, rstd = _FWD_OP.redispatch(keyset, x, normalized_shape, weight, bias, eps, out_dtype)
+            y, mean, rstd = (_fastlayernorm_impl(x, normalized_shape, weight, bias, eps, out_dtype) if keyset is None
+                             else _FWD_OP.redispatch(keyset, x, normalized_shape, weight, bias, eps, out_dtype))
         ctx.mark_non_differentiable(mean, rstd)
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.normalized_shape = normalized_shape
@@ -200,7 +203,9 @@ class _FastLayerNormFunction(torch.autograd.Function):
         # autograd drops those of inputs that do not require grad (ctx.needs_input_grad False), and an absent
         # weight or bias gets None.
         x, weight, mean, rstd = ctx.saved_tensors
-        dx, dweight, dbias = _BWD_OP(
+        backward = (_fastlayernorm_backward_impl if not torch.is_grad_enabled() and run_directly(grad_out)
+                    else _BWD_OP)
+        dx, dweight, dbias = backward(
             grad_out, x, mean, rstd, ctx.normalized_shape, weight, x.dtype, ctx.weight_dtype, ctx.bias_dtype)
         return (None, dx, None, dweight if ctx.has_weight else None, dbias if ctx.has_bias else None, None, None)
 
@@ -250,6 +255,12 @@ def fastlayernorm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight
     (fp64 when an operand is fp64, CPU implementation only). Differentiable in x, weight and bias; each gradient
     has its tensor's dtype. The result is a new contiguous tensor.
     """
+    if run_directly(x, weight, bias):
+        if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
+                                        or (bias is not None and bias.requires_grad)):
+            return _FastLayerNormFunction.apply(None, x, _as_shape(normalized_shape), weight, bias, eps, out_dtype)[0]
+        with _AutoDispatchBelowAutograd():
+            return _fastlayernorm_impl(x, _as_shape(normalized_shape), weight, bias, eps, out_dtype)[0]
     y, _mean, _rstd = torch.ops.e2eprof.fastlayernorm(x, _as_shape(normalized_shape), weight, bias, eps, out_dtype)
     return y
 

@@ -15,11 +15,12 @@ This module imports triton at import time; import it only when triton is install
 TRITON_INTERPRET=1 (set before triton is first imported) the kernels also run on CPU tensors, for tests.
 """
 
-import contextlib
 
 import torch
 import triton
 import triton.language as tl
+
+from .._launch import launch
 
 # Longest row held in registers by one program: forward holds x, weight and bias per lane, backward five vectors
 # (dy, x, weight and two partial sums), so its limit is lower.
@@ -230,14 +231,13 @@ def layer_norm_forward(x2d: torch.Tensor, weight: torch.Tensor | None, bias: tor
     w = weight if weight is not None else x2d
     b = bias if bias is not None else x2d
     flags = {"HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None}
-    with _device_of(x2d):
-        if cols <= MAX_FUSED_COLS_FWD:
-            block = triton.next_power_of_2(cols)
-            _layernorm_fwd_row_kernel[(rows,)](x2d, w, b, y2d, mean, rstd, cols, eps, **flags, BLOCK=block,
-                                               num_warps=_num_warps(block))
-        else:
-            _layernorm_fwd_looped_kernel[(rows,)](x2d, w, b, y2d, mean, rstd, cols, eps, **flags, BLOCK=LOOP_BLOCK,
-                                                  num_warps=LOOP_WARPS)
+    if cols <= MAX_FUSED_COLS_FWD:
+        block = triton.next_power_of_2(cols)
+        launch(_layernorm_fwd_row_kernel, (rows,), x2d, w, b, y2d, mean, rstd, cols, eps, **flags, BLOCK=block,
+               num_warps=_num_warps(block))
+    else:
+        launch(_layernorm_fwd_looped_kernel, (rows,), x2d, w, b, y2d, mean, rstd, cols, eps, **flags, BLOCK=LOOP_BLOCK,
+               num_warps=LOOP_WARPS)
     return y2d, mean, rstd
 
 
@@ -268,16 +268,15 @@ def layer_norm_backward(dy2d: torch.Tensor, x2d: torch.Tensor, mean: torch.Tenso
     dw_part = torch.zeros((programs, cols), dtype=torch.float32, device=x2d.device)
     db_part = torch.zeros((programs, cols), dtype=torch.float32, device=x2d.device)
     w = weight if weight is not None else x2d
-    with _device_of(x2d):
-        if cols <= MAX_FUSED_COLS_BWD:
-            block = triton.next_power_of_2(cols)
-            _layernorm_bwd_row_kernel[(programs,)](dy2d, x2d, w, mean, rstd, dx2d, dw_part, db_part, rows, cols,
-                                                   HAS_WEIGHT=weight is not None, BLOCK=block,
-                                                   num_warps=_num_warps(block))
-        else:
-            _layernorm_bwd_looped_kernel[(programs,)](dy2d, x2d, w, mean, rstd, dx2d, dw_part, db_part, rows, cols,
-                                                      HAS_WEIGHT=weight is not None, BLOCK=LOOP_BLOCK,
-                                                      num_warps=LOOP_WARPS)
+    if cols <= MAX_FUSED_COLS_BWD:
+        block = triton.next_power_of_2(cols)
+        launch(_layernorm_bwd_row_kernel, (programs,), dy2d, x2d, w, mean, rstd, dx2d, dw_part, db_part, rows, cols,
+               HAS_WEIGHT=weight is not None, BLOCK=block,
+               num_warps=_num_warps(block))
+    else:
+        launch(_layernorm_bwd_looped_kernel, (programs,), dy2d, x2d, w, mean, rstd, dx2d, dw_part, db_part, rows, cols,
+               HAS_WEIGHT=weight is not None, BLOCK=LOOP_BLOCK,
+               num_warps=LOOP_WARPS)
     # The cross-program reduction: [programs, cols] fp32 partials, summed over programs.
     return dx2d, dw_part.sum(dim=0).to(weight_dtype), db_part.sum(dim=0).to(bias_dtype)
 
@@ -286,11 +285,3 @@ def _bwd_programs(device: torch.device) -> int:
     if device.type == "cuda":
         return BWD_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
     return BWD_PROGRAMS_INTERPRETER  # the interpreter runs programs one after another: few is fastest
-
-
-def _device_of(t: torch.Tensor):
-    # Triton launches on the current CUDA device; make it the tensor's so cuda:1 inputs work.
-    # CPU tensors (interpreter) need no guard.
-    if t.is_cuda:
-        return torch.cuda.device(t.device)
-    return contextlib.nullcontext()

@@ -15,11 +15,13 @@ dtype arguments: torch.library accepts `torch.dtype` as the schema type `ScalarT
 import collections
 import functools
 import math
+import types
 from typing import Optional
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, check_float, choose_impl, register_kernels, triton_kernels
+from .._dispatch import (TRITON_AVAILABLE, check_float, choose_impl, register_kernels, run_directly,
+                         triton_kernels)
 from . import cpu
 
 IMPL_ENV = "E2EPROF_FASTSOFTMAX_IMPL"
@@ -81,15 +83,25 @@ _LIB.define("fastsoftmax(Tensor x, int dim, ScalarType? out_dtype) -> Tensor")
 _LIB.define("fastsoftmax_backward(Tensor grad_out, Tensor out, int dim, ScalarType in_dtype) -> Tensor")
 
 
+@functools.cache
+def _triton() -> types.ModuleType:
+    return triton_kernels(__package__)  # imported on first use, then kept: an import call per softmax costs host time
+
+
 def _fastsoftmax_impl(x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_float("x", x.dtype)
     _check_float("out_dtype", out_dtype)
     dim = _normalize_dim(dim, x.dim())
+    if x.is_cuda and TRITON_AVAILABLE and dim == x.dim() - 1 and x.is_contiguous():
+        # Attention scores on the GPU: the rows are the last dim already, so no view or copy on the host.
+        y = _triton().softmax_forward(x, out_dtype)
+        IMPL_CALLS["triton.fwd"] += 1
+        return y
     impl = _choose_impl(x)
     x2d = _to_rows(x, dim)  # (R, C)
     if impl == "triton":
-        y2d = triton_kernels(__package__).softmax_forward(x2d, out_dtype)
+        y2d = _triton().softmax_forward(x2d, out_dtype)
     else:
         y2d = cpu.softmax_forward(x2d, out_dtype)
     IMPL_CALLS[_FWD_KEY[impl]] += 1
@@ -109,11 +121,15 @@ def _fastsoftmax_backward_impl(
 ) -> torch.Tensor:
     _check_backward_args(grad_out, out, in_dtype)
     dim = _normalize_dim(dim, out.dim())
+    if out.is_cuda and TRITON_AVAILABLE and dim == out.dim() - 1 and out.is_contiguous() and grad_out.is_contiguous():
+        dx = _triton().softmax_backward(grad_out, out, in_dtype)  # rows along the last dim: no view or copy
+        IMPL_CALLS["triton.bwd"] += 1
+        return dx
     impl = _choose_impl(out)
     dy2d = _to_rows(grad_out, dim)  # (R, C)
     y2d = _to_rows(out, dim)  # (R, C)
     if impl == "triton":
-        dx2d = triton_kernels(__package__).softmax_backward(dy2d, y2d, in_dtype)
+        dx2d = _triton().softmax_backward(dy2d, y2d, in_dtype)
     else:
         dx2d = cpu.softmax_backward(dy2d, y2d, in_dtype)
     IMPL_CALLS[_BWD_KEY[impl]] += 1
@@ -146,11 +162,14 @@ _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 
 
 class _FastSoftmaxFunction(torch.autograd.Function):
-    """The Autograd kernel of e2eprof::fastsoftmax: runs the op below autograd and records its backward."""
+    """The Autograd kernel of e2eprof::fastsoftmax: runs the op below autograd and records its backward. With keyset
+    None, an eager call that skips the dispatcher (run_directly): the implementation runs directly, and so does
+    the backward unless something needs the op (create_graph, a mode, a profiler)."""
 
     @staticmethod
     def forward(ctx, keyset, x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
-        y = torch.ops.e2eprof.fastsoftmax.default.redispatch(keyset, x, dim, out_dtype)
+        y = (_fastsoftmax_impl(x, dim, out_dtype) if keyset is None
+             else torch.ops.e2eprof.fastsoftmax.default.redispatch(keyset, x, dim, out_dtype))
         # Backward needs only y (dx = y * (dy - sum(dy * y))), so x is not kept alive.
         ctx.save_for_backward(y)
         ctx.dim = dim
@@ -160,6 +179,8 @@ class _FastSoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         (y,) = ctx.saved_tensors
+        if not torch.is_grad_enabled() and run_directly(grad_out):
+            return None, _fastsoftmax_backward_impl(grad_out, y, ctx.dim, ctx.in_dtype), None, None
         return None, torch.ops.e2eprof.fastsoftmax_backward.default(grad_out, y, ctx.dim, ctx.in_dtype), None, None
 
 
@@ -192,6 +213,10 @@ def fastsoftmax(x: torch.Tensor, dim: int = -1, out_dtype: Optional[torch.dtype]
     `fastsoftmax(scores_bf16, out_dtype=torch.float32)` replaces autocast's cast-then-softmax with one pass.
     Differentiable; the gradient has x's dtype. The result is a new tensor, contiguous in x's layout.
     """
+    if run_directly(x):
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _FastSoftmaxFunction.apply(None, x, dim, out_dtype)
+        return _fastsoftmax_impl(x, dim, out_dtype)
     return torch.ops.e2eprof.fastsoftmax(x, dim, out_dtype)
 
 

@@ -1,4 +1,4 @@
-"""Triton softmax kernels and their launchers, on 2-D contiguous row-major tensors [rows, cols].
+"""Triton softmax kernels and their launchers, on contiguous tensors whose rows are the last dim.
 
 Why this exists: under CUDA autocast, eager attention casts bf16 scores to fp32 (one full read + write) and then
 softmaxes the fp32 copy (another read + write). These kernels read the scores in their own dtype, accumulate in
@@ -15,11 +15,11 @@ This module imports triton at import time; import it only when triton is install
 TRITON_INTERPRET=1 (set before triton is first imported) the kernels also run on CPU tensors, for tests.
 """
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
+
+from .._launch import launch
 
 # Longest row held in registers by one program. Backward holds two operands (dy, y) per lane, so its limit is half.
 MAX_FUSED_COLS_FWD = 16384
@@ -126,9 +126,10 @@ def _num_warps(block: int) -> int:
     return 16
 
 
-def _check_2d(name: str, t: torch.Tensor) -> None:
-    if t.dim() != 2 or not t.is_contiguous():
-        raise ValueError(f"{name} must be a 2-D contiguous tensor, got shape {tuple(t.shape)} strides {t.stride()}")
+def _check_rows(name: str, t: torch.Tensor) -> None:
+    if t.dim() == 0 or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous tensor of at least one dim, got shape {tuple(t.shape)} "
+                         f"strides {t.stride()}")
     if t.dtype not in KERNEL_DTYPES:
         raise TypeError(f"{name}: Triton softmax supports {KERNEL_DTYPES}, got {t.dtype}")
 
@@ -139,52 +140,46 @@ def _check_out_dtype(name: str, dtype: torch.dtype) -> None:
 
 
 def softmax_forward(x2d: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """Softmax over the last dim of a 2-D contiguous tensor [rows, cols].
+    """Softmax over the last dim of a contiguous tensor: [rows, cols], or any shape whose last dim is the row (the
+    attention scores as they come, with no view or copy on the host).
 
     Reads x in its own dtype (fp32/bf16/fp16), accumulates in fp32 and writes `out_dtype` in one pass.
-    Returns a new contiguous [rows, cols] tensor; empty inputs return an empty output without a launch.
+    Returns a new contiguous tensor of x's shape; empty inputs return an empty output without a launch.
     """
-    _check_2d("x2d", x2d)
+    _check_rows("x2d", x2d)
     _check_out_dtype("out_dtype", out_dtype)
-    rows, cols = x2d.shape
-    y2d = torch.empty((rows, cols), dtype=out_dtype, device=x2d.device)
-    if rows == 0 or cols == 0:
+    cols = x2d.shape[-1]
+    y2d = torch.empty(x2d.shape, dtype=out_dtype, device=x2d.device)
+    rows = x2d.numel() // cols if cols else 0
+    if rows == 0:
         return y2d
-    with _device_of(x2d):
-        if cols <= MAX_FUSED_COLS_FWD:
-            block = triton.next_power_of_2(cols)
-            _softmax_fwd_row_kernel[(rows,)](x2d, y2d, cols, BLOCK=block, num_warps=_num_warps(block))
-        else:
-            _softmax_fwd_looped_kernel[(rows,)](x2d, y2d, cols, BLOCK=LOOP_BLOCK, num_warps=LOOP_WARPS)
+    if cols <= MAX_FUSED_COLS_FWD:
+        block = triton.next_power_of_2(cols)
+        launch(_softmax_fwd_row_kernel, (rows,), x2d, y2d, cols, BLOCK=block, num_warps=_num_warps(block))
+    else:
+        launch(_softmax_fwd_looped_kernel, (rows,), x2d, y2d, cols, BLOCK=LOOP_BLOCK, num_warps=LOOP_WARPS)
     return y2d
 
 
 def softmax_backward(dy2d: torch.Tensor, y2d: torch.Tensor, dx_dtype: torch.dtype) -> torch.Tensor:
     """Softmax backward over the last dim: dx = y * (dy - sum(dy * y, row)), in fp32, written as `dx_dtype`.
 
-    dy2d and y2d are 2-D contiguous [rows, cols] tensors of the same shape (their dtypes may differ).
+    dy2d and y2d are contiguous tensors of the same shape, rows along the last dim (their dtypes may differ).
     """
-    _check_2d("dy2d", dy2d)
-    _check_2d("y2d", y2d)
+    _check_rows("dy2d", dy2d)
+    _check_rows("y2d", y2d)
     _check_out_dtype("dx_dtype", dx_dtype)
     if dy2d.shape != y2d.shape:
         raise ValueError(f"dy2d {tuple(dy2d.shape)} and y2d {tuple(y2d.shape)} must have the same shape")
-    rows, cols = y2d.shape
-    dx2d = torch.empty((rows, cols), dtype=dx_dtype, device=y2d.device)
-    if rows == 0 or cols == 0:
+    cols = y2d.shape[-1]
+    dx2d = torch.empty(y2d.shape, dtype=dx_dtype, device=y2d.device)
+    rows = y2d.numel() // cols if cols else 0
+    if rows == 0:
         return dx2d
-    with _device_of(y2d):
-        if cols <= MAX_FUSED_COLS_BWD:
-            block = triton.next_power_of_2(cols)
-            _softmax_bwd_row_kernel[(rows,)](dy2d, y2d, dx2d, cols, BLOCK=block, num_warps=_num_warps(block))
-        else:
-            _softmax_bwd_looped_kernel[(rows,)](dy2d, y2d, dx2d, cols, BLOCK=LOOP_BLOCK, num_warps=LOOP_WARPS)
+    if cols <= MAX_FUSED_COLS_BWD:
+        block = triton.next_power_of_2(cols)
+        launch(_softmax_bwd_row_kernel, (rows,), dy2d, y2d, dx2d, cols, BLOCK=block, num_warps=_num_warps(block))
+    else:
+        launch(_softmax_bwd_looped_kernel, (rows,), dy2d, y2d, dx2d, cols, BLOCK=LOOP_BLOCK, num_warps=LOOP_WARPS)
     return dx2d
 
-
-def _device_of(t: torch.Tensor):
-    # Triton launches on the current CUDA device; make it the tensor's so cuda:1 inputs work.
-    # CPU tensors (interpreter) need no guard.
-    if t.is_cuda:
-        return torch.cuda.device(t.device)
-    return contextlib.nullcontext()

@@ -16,7 +16,8 @@ from typing import Optional
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, check_float, choose_impl, register_kernels, triton_kernels
+from .._dispatch import (TRITON_AVAILABLE, check_float, choose_impl, register_kernels, run_directly,
+                         triton_kernels)
 from . import cpu
 
 IMPL_ENV = "E2EPROF_FUSEDSOFTMAX_IMPL"
@@ -136,12 +137,14 @@ _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 
 
 class _FusedSoftmaxFunction(torch.autograd.Function):
-    """The Autograd kernel of e2eprof::fusedsoftmax: runs the op below autograd and records its backward."""
+    """The Autograd kernel of e2eprof::fusedsoftmax: runs the op below autograd and records its backward. With keyset None,
+    an eager call that skips the dispatcher (run_directly), as fastsoftmax's."""
 
     @staticmethod
     def forward(ctx, keyset, scores: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
                 out_dtype: torch.dtype) -> torch.Tensor:
-        y = torch.ops.e2eprof.fusedsoftmax.default.redispatch(keyset, scores, mask, scale, out_dtype)
+        y = (_fusedsoftmax_impl(scores, mask, scale, out_dtype) if keyset is None
+             else torch.ops.e2eprof.fusedsoftmax.default.redispatch(keyset, scores, mask, scale, out_dtype))
         # Backward needs only y: d softmax(z)/dz = y * (dy - sum(dy * y)), and dz/dscores = scale. Scores and mask
         # are not kept alive. y is the output in its own dtype (bf16 under autocast), the tensor the next matmul
         # saves anyway, so the op adds no activation memory.
@@ -154,13 +157,15 @@ class _FusedSoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         (y,) = ctx.saved_tensors
+        backward = (_fusedsoftmax_backward_impl if not torch.is_grad_enabled() and run_directly(grad_out)
+                    else torch.ops.e2eprof.fusedsoftmax_backward.default)
         grad_scores = grad_mask = None
         if ctx.needs_input_grad[1]:  # [0] is the keyset
-            grad_scores = torch.ops.e2eprof.fusedsoftmax_backward.default(grad_out, y, ctx.scale, ctx.in_dtype)
+            grad_scores = backward(grad_out, y, ctx.scale, ctx.in_dtype)
         if ctx.mask_meta is not None and ctx.needs_input_grad[2]:
             # Rare (attention masks are constants): dz itself (scale 1), summed over the dims the mask broadcast over.
             shape, dtype = ctx.mask_meta
-            dz = torch.ops.e2eprof.fusedsoftmax_backward.default(grad_out, y, 1.0, torch.float32)
+            dz = backward(grad_out, y, 1.0, torch.float32)
             grad_mask = dz.sum_to_size(shape).to(dtype)
         return None, grad_scores, grad_mask, None, None
 
@@ -198,7 +203,12 @@ def fusedsoftmax(scores: torch.Tensor, mask: Optional[torch.Tensor] = None, scal
     is fp64). out_dtype defaults to the scores' dtype. Differentiable in scores (and in mask, should it require
     grad); the scores' gradient has their dtype. The result is a new contiguous tensor.
     """
-    return torch.ops.e2eprof.fusedsoftmax(scores, mask, float(scale), scores.dtype if out_dtype is None else out_dtype)
+    out_dtype = scores.dtype if out_dtype is None else out_dtype
+    if run_directly(scores, mask):
+        if torch.is_grad_enabled() and (scores.requires_grad or (mask is not None and mask.requires_grad)):
+            return _FusedSoftmaxFunction.apply(None, scores, mask, float(scale), out_dtype)
+        return _fusedsoftmax_impl(scores, mask, float(scale), out_dtype)
+    return torch.ops.e2eprof.fusedsoftmax(scores, mask, float(scale), out_dtype)
 
 
 def reference_fusedsoftmax(scores: torch.Tensor, mask: Optional[torch.Tensor] = None,

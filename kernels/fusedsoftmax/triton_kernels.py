@@ -17,11 +17,12 @@ Import this module only when triton is installed (see op.py). Under TRITON_INTER
 first imported) the kernels also run on CPU tensors, for tests.
 """
 
-import contextlib
 
 import torch
 import triton
 import triton.language as tl
+
+from .._launch import launch
 
 # Longest row held in registers by one program; backward holds two operands per lane, so its limit is half.
 MAX_FUSED_COLS_FWD = 16384
@@ -167,14 +168,13 @@ def fused_softmax_forward(scores: torch.Tensor, mask: torch.Tensor | None, scale
     strides = mask.stride() if mask is not None else (0, 0, 0, 0)
     # Any valid pointer works when HAS_MASK is False: the kernel never reads it.
     mask_arg = mask if mask is not None else scores
-    with _device_of(scores):
-        if S <= MAX_FUSED_COLS_FWD:
-            block = triton.next_power_of_2(S)
-            _fusedsoftmax_fwd_row_kernel[(rows,)](scores, mask_arg, y, S, H, T, scale, *strides,
-                                                  HAS_MASK=mask is not None, BLOCK=block, num_warps=_num_warps(block))
-        else:
-            _fusedsoftmax_fwd_looped_kernel[(rows,)](scores, mask_arg, y, S, H, T, scale, *strides,
-                                                     HAS_MASK=mask is not None, BLOCK=LOOP_BLOCK, num_warps=LOOP_WARPS)
+    if S <= MAX_FUSED_COLS_FWD:
+        block = triton.next_power_of_2(S)
+        launch(_fusedsoftmax_fwd_row_kernel, (rows,), scores, mask_arg, y, S, H, T, scale, *strides,
+               HAS_MASK=mask is not None, BLOCK=block, num_warps=_num_warps(block))
+    else:
+        launch(_fusedsoftmax_fwd_looped_kernel, (rows,), scores, mask_arg, y, S, H, T, scale, *strides,
+               HAS_MASK=mask is not None, BLOCK=LOOP_BLOCK, num_warps=LOOP_WARPS)
     return y
 
 
@@ -196,17 +196,11 @@ def fused_softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, scale: flo
     rows = out.numel() // cols if cols else 0
     if rows == 0:
         return dx
-    with _device_of(out):
-        if cols <= MAX_FUSED_COLS_BWD:
-            block = triton.next_power_of_2(cols)
-            _fusedsoftmax_bwd_row_kernel[(rows,)](grad_out, out, dx, cols, scale, BLOCK=block,
-                                                  num_warps=_num_warps(block))
-        else:
-            _fusedsoftmax_bwd_looped_kernel[(rows,)](grad_out, out, dx, cols, scale, BLOCK=LOOP_BLOCK,
-                                                     num_warps=LOOP_WARPS)
+    if cols <= MAX_FUSED_COLS_BWD:
+        block = triton.next_power_of_2(cols)
+        launch(_fusedsoftmax_bwd_row_kernel, (rows,), grad_out, out, dx, cols, scale, BLOCK=block,
+               num_warps=_num_warps(block))
+    else:
+        launch(_fusedsoftmax_bwd_looped_kernel, (rows,), grad_out, out, dx, cols, scale, BLOCK=LOOP_BLOCK,
+               num_warps=LOOP_WARPS)
     return dx
-
-
-def _device_of(t: torch.Tensor):
-    # Triton launches on the current CUDA device; make it the tensor's so cuda:1 inputs work.
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()

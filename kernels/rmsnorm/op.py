@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, choose_impl, register_kernels, triton_kernels
+from .._dispatch import TRITON_AVAILABLE, choose_impl, register_kernels, run_directly, triton_kernels
 from . import cpu
 
 IMPL_ENV = "E2EPROF_RMSNORM_IMPL"
@@ -94,19 +94,25 @@ _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 
 
 class _RMSNormFunction(torch.autograd.Function):
-    """The Autograd kernel of e2eprof::rmsnorm: runs the op below autograd and records its backward."""
+    """The Autograd kernel of e2eprof::rmsnorm: runs the op below autograd and records its backward. With keyset None,
+    an eager call that skips the dispatcher (run_directly), as fastsoftmax's."""
 
     @staticmethod
     def forward(ctx, keyset, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         # Backward recomputes rstd from x (it reads x anyway), so only the inputs are kept.
         ctx.save_for_backward(x, weight)
         ctx.eps = eps
+        if keyset is None:
+            return _rmsnorm_impl(x, weight, eps)
         return torch.ops.e2eprof.rmsnorm.default.redispatch(keyset, x, weight, eps)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         x, weight = ctx.saved_tensors
-        dx, dw = torch.ops.e2eprof.rmsnorm_backward.default(grad_out, x, weight, ctx.eps)
+        if not torch.is_grad_enabled() and run_directly(grad_out):
+            dx, dw = _rmsnorm_backward_impl(grad_out, x, weight, ctx.eps)
+        else:
+            dx, dw = torch.ops.e2eprof.rmsnorm_backward.default(grad_out, x, weight, ctx.eps)
         return None, dx, dw, None
 
 
@@ -137,6 +143,10 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     by the weight; the output dtype is torch.promote_types(x.dtype, weight.dtype). Differentiable in x and weight.
     The result is a new contiguous tensor of x's shape.
     """
+    if run_directly(x, weight):
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+            return _RMSNormFunction.apply(None, x, weight, float(eps))
+        return _rmsnorm_impl(x, weight, float(eps))
     return torch.ops.e2eprof.rmsnorm(x, weight, float(eps))
 
 

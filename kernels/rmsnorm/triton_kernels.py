@@ -14,11 +14,12 @@ This module imports triton at import time; import it only when triton is install
 TRITON_INTERPRET=1 (set before triton is first imported) the kernels also run on CPU tensors, for tests.
 """
 
-import contextlib
 
 import torch
 import triton
 import triton.language as tl
+
+from .._launch import launch
 
 # Longest row one program holds in registers: 64K fp32 values over 16 warps is 128 per thread, the practical limit.
 MAX_COLS = 65536
@@ -96,8 +97,7 @@ def rmsnorm_forward(x2d: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
     if rows == 0 or cols == 0:
         return y2d
     block = triton.next_power_of_2(cols)
-    with _device_of(x2d):
-        _rmsnorm_fwd_kernel[(rows,)](x2d, weight, y2d, cols, eps, BLOCK=block, num_warps=_num_warps(block))
+    launch(_rmsnorm_fwd_kernel, (rows,), x2d, weight, y2d, cols, eps, BLOCK=block, num_warps=_num_warps(block))
     return y2d
 
 
@@ -117,9 +117,8 @@ def rmsnorm_backward(dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor
     programs = triton.cdiv(rows, rows_per_program)  # no idle program writes a partial row
     dw_partial = torch.empty((programs, cols), dtype=torch.float32, device=x2d.device)  # (P, cols)
     block = triton.next_power_of_2(cols)
-    with _device_of(x2d):
-        _rmsnorm_bwd_kernel[(programs,)](dy2d, x2d, weight, dx2d, dw_partial, rows, cols, rows_per_program, eps,
-                                         BLOCK=block, num_warps=_num_warps(block))
+    launch(_rmsnorm_bwd_kernel, (programs,), dy2d, x2d, weight, dx2d, dw_partial, rows, cols, rows_per_program, eps,
+           BLOCK=block, num_warps=_num_warps(block))
     return dx2d, dw_partial.sum(dim=0).to(weight.dtype)
 
 
@@ -128,10 +127,3 @@ def _backward_programs(rows: int, device: torch.device) -> int:
     if device.type == "cuda":
         return min(rows, 4 * torch.cuda.get_device_properties(device).multi_processor_count)
     return min(rows, 8)  # the interpreter runs programs one by one: a few exercise the partial-sum path
-
-
-def _device_of(t: torch.Tensor):
-    # Triton launches on the current CUDA device; make it the tensor's so cuda:1 inputs work.
-    if t.is_cuda:
-        return torch.cuda.device(t.device)
-    return contextlib.nullcontext()

@@ -8,10 +8,12 @@ implementation raises instead. IMPL_CALLS counts which implementation ran, for t
 """
 
 import collections
+import functools
+import types
 
 import torch
 
-from .._dispatch import TRITON_AVAILABLE, choose_impl, register_kernels, triton_kernels
+from .._dispatch import TRITON_AVAILABLE, choose_impl, register_kernels, run_directly, triton_kernels
 from . import cpu
 
 IMPL_ENV = "E2EPROF_SWIGLU_IMPL"
@@ -50,8 +52,17 @@ _FWD_KEY = {"triton": "triton.fwd", "cpu": "cpu.fwd"}  # built once, not an f-st
 _BWD_KEY = {"triton": "triton.bwd", "cpu": "cpu.bwd"}
 
 
+@functools.cache
+def _triton() -> types.ModuleType:
+    return triton_kernels(__package__)  # imported on first use, then kept: an import call per call costs host time
+
+
 def _swiglu_impl(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     _check_args(("gate", gate), ("up", up))
+    if gate.is_cuda and TRITON_AVAILABLE and gate.is_contiguous() and up.is_contiguous():
+        y = _triton().swiglu_forward(gate, up)  # contiguous: the kernel walks the memory flat, no views
+        IMPL_CALLS["triton.fwd"] += 1
+        return y
     impl = _choose_impl(gate)
     kernels = triton_kernels(__package__) if impl == "triton" else cpu
     y = kernels.swiglu_forward(_flat(gate), _flat(up))
@@ -67,6 +78,10 @@ def _swiglu_fake(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def _swiglu_backward_impl(grad_out: torch.Tensor, gate: torch.Tensor,
                           up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check_args(("gate", gate), ("up", up), ("grad_out", grad_out))
+    if gate.is_cuda and TRITON_AVAILABLE and gate.is_contiguous() and up.is_contiguous() and grad_out.is_contiguous():
+        dgate, dup = _triton().swiglu_backward(grad_out, gate, up)
+        IMPL_CALLS["triton.bwd"] += 1
+        return dgate, dup
     impl = _choose_impl(gate)
     kernels = triton_kernels(__package__) if impl == "triton" else cpu
     dgate, dup = kernels.swiglu_backward(_flat(grad_out), _flat(gate), _flat(up))
@@ -86,18 +101,24 @@ _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 
 
 class _SwigluFunction(torch.autograd.Function):
-    """The Autograd kernel of e2eprof::swiglu: runs the op below autograd and records its backward."""
+    """The Autograd kernel of e2eprof::swiglu: runs the op below autograd and records its backward. With keyset None,
+    an eager call that skips the dispatcher (run_directly), as fastsoftmax's."""
 
     @staticmethod
     def forward(ctx, keyset, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         # Backward recomputes sigmoid(gate) from gate: no activation-sized temporary is kept alive.
         ctx.save_for_backward(gate, up)
+        if keyset is None:
+            return _swiglu_impl(gate, up)
         return torch.ops.e2eprof.swiglu.default.redispatch(keyset, gate, up)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         gate, up = ctx.saved_tensors
-        dgate, dup = torch.ops.e2eprof.swiglu_backward.default(grad_out, gate, up)
+        if not torch.is_grad_enabled() and run_directly(grad_out):
+            dgate, dup = _swiglu_backward_impl(grad_out, gate, up)
+        else:
+            dgate, dup = torch.ops.e2eprof.swiglu_backward.default(grad_out, gate, up)
         return None, dgate, dup
 
 
@@ -127,6 +148,10 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     gate and up must have the same shape (no broadcasting). Differentiable in both; the result is a new contiguous
     tensor of gate's shape.
     """
+    if run_directly(gate, up):
+        if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
+            return _SwigluFunction.apply(None, gate, up)
+        return _swiglu_impl(gate, up)
     return torch.ops.e2eprof.swiglu(gate, up)
 
 

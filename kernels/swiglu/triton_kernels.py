@@ -1,4 +1,4 @@
-"""Triton SwiGLU kernels and their launchers, on 1-D contiguous tensors of the same length.
+"""Triton SwiGLU kernels and their launchers, on contiguous tensors of the same shape (walked flat).
 
 Why this exists: Llama's MLP computes act_fn(gate_proj(x)) * up_proj(x) as two eager ops, silu (read gate, write
 a temporary) and mul (read the temporary and up, write y), and their backward keeps the temporary alive. These
@@ -11,11 +11,12 @@ This module imports triton at import time; import it only when triton is install
 TRITON_INTERPRET=1 (set before triton is first imported) the kernels also run on CPU tensors, for tests.
 """
 
-import contextlib
 
 import torch
 import triton
 import triton.language as tl
+
+from .._launch import launch
 
 # 1024 elements over 4 warps: 8 per thread, enough bytes in flight per thread for a streaming kernel.
 BLOCK = 1024
@@ -54,8 +55,9 @@ def _swiglu_bwd_kernel(dy_ptr, gate_ptr, up_ptr, dgate_ptr, dup_ptr, n, BLOCK: t
 def _check(*named: tuple[str, torch.Tensor]) -> None:
     first = named[0][1]
     for name, t in named:
-        if t.dim() != 1 or not t.is_contiguous() or t.shape != first.shape:
-            raise ValueError(f"{name} must be 1-D contiguous of length {first.numel()}, got shape {tuple(t.shape)} "
+        # Any shape: the kernels walk the memory flat, so a contiguous (B, T, I) activation needs no view.
+        if not t.is_contiguous() or t.shape != first.shape:
+            raise ValueError(f"{name} must be contiguous of shape {tuple(first.shape)}, got shape {tuple(t.shape)} "
                              f"strides {t.stride()}")
         if t.dtype not in KERNEL_DTYPES:
             raise TypeError(f"{name}: Triton SwiGLU supports {KERNEL_DTYPES}, got {t.dtype}")
@@ -67,8 +69,7 @@ def swiglu_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     y = torch.empty_like(gate, dtype=torch.promote_types(gate.dtype, up.dtype))
     n = gate.numel()
     if n:
-        with _device_of(gate):
-            _swiglu_fwd_kernel[(triton.cdiv(n, BLOCK),)](gate, up, y, n, BLOCK=BLOCK, num_warps=NUM_WARPS)
+        launch(_swiglu_fwd_kernel, (triton.cdiv(n, BLOCK),), gate, up, y, n, BLOCK=BLOCK, num_warps=NUM_WARPS)
     return y
 
 
@@ -78,14 +79,6 @@ def swiglu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> t
     dgate, dup = torch.empty_like(gate), torch.empty_like(up)
     n = gate.numel()
     if n:
-        with _device_of(gate):
-            _swiglu_bwd_kernel[(triton.cdiv(n, BLOCK),)](dy, gate, up, dgate, dup, n, BLOCK=BLOCK,
-                                                         num_warps=NUM_WARPS)
+        launch(_swiglu_bwd_kernel, (triton.cdiv(n, BLOCK),), dy, gate, up, dgate, dup, n, BLOCK=BLOCK,
+               num_warps=NUM_WARPS)
     return dgate, dup
-
-
-def _device_of(t: torch.Tensor):
-    # Triton launches on the current CUDA device; make it the tensor's so cuda:1 inputs work.
-    if t.is_cuda:
-        return torch.cuda.device(t.device)
-    return contextlib.nullcontext()
