@@ -196,7 +196,9 @@ def part_aa(s: Settings, first: int) -> list[dict]:
             break
         result = run_e2eprof(["calibrate", "--model", s.model, "--workload", s.workload, "--seed", str(i),
                               *s.passthrough(), *budget], s.out / "runs" / f"aa-{i:03d}")
-        row = {"run": i} | failed_row(result)
+        # The process-noise floor this run was judged with (e2eprof's default for the workload), so a floor set from
+        # earlier runs is checked only on runs made under it.
+        row = {"run": i, "noise_floor": s.resolved().noise_floor(s.workload)} | failed_row(result)
         if not result.error:
             row |= verdict_columns(signed_row(result.run_dir))
             row["baseline_median_ms"] = baseline_median_ms(result.run_dir, s.workload)
@@ -520,13 +522,27 @@ def aa_significant(runs: pd.DataFrame, process_noise: float) -> pd.Series:
     return pd.Series(judged, index=runs.index, dtype=bool)
 
 
-def aa_lines(runs: pd.DataFrame, default_noise: float, processes: int) -> tuple[int, list[str]]:
-    """(significant runs, detail lines) for A/A runs that all had PROCESSES processes per arm."""
+def held_out_runs(runs: pd.DataFrame, default_noise: float, device_noise: float) -> pd.Series:
+    """The runs measured with DEFAULT_NOISE in force, so not among those it was set from: those that recorded that
+    floor; of runs from before the floor was recorded, those with process noise folded in, and only while the
+    default is the device's own (a workload's floor was set from such runs)."""
+    legacy = (runs.process_noise.fillna(0) > 0 if "process_noise" in runs else pd.Series(False, index=runs.index)) \
+        & (abs(default_noise - device_noise) < 1e-12)
+    if "noise_floor" not in runs:
+        return legacy
+    recorded = runs.noise_floor.notna()
+    return (recorded & (runs.noise_floor >= default_noise - 1e-12)) | (~recorded & legacy)
+
+
+def aa_lines(runs: pd.DataFrame, default_noise: float, processes: int,
+             device_noise: float | None = None) -> tuple[int, list[str]]:
+    """(significant runs, detail lines) for A/A runs that all had PROCESSES processes per arm; DEFAULT_NOISE is the
+    workload's floor, DEVICE_NOISE the device's (the same unless the workload has its own)."""
     n = len(runs)
     judged = aa_significant(runs, default_noise)
     k = int(judged.sum())
     implied = aa_process_noise(runs)
-    held_out = runs.process_noise.fillna(0) > 0 if "process_noise" in runs else pd.Series(False, index=runs.index)
+    held_out = held_out_runs(runs, default_noise, default_noise if device_noise is None else device_noise)
     return k, [
         f"- **{processes} process(es) per arm**, {n} runs: verdicts as the tool gave them "
         f"{runs.verdict.value_counts().to_dict()}, {int(runs.significant.sum())} significant (runs from before process "
@@ -534,16 +550,18 @@ def aa_lines(runs: pd.DataFrame, default_noise: float, processes: int) -> tuple[
         f"  - median within-run interval half-width {within_halfwidths(runs).median() * 100:.2f}%; the spread of their "
         f"ratios beyond their intervals implies process noise {implied * 100:.2f}%"
         + (f", i.e. {implied * math.sqrt(processes) * 100:.2f}% for one process against one" if processes > 1 else ""),
-        f"  - judged with process noise {default_noise * 100:.2f}% (the device default, for one process against one): "
+        f"  - judged with process noise {default_noise * 100:.2f}% (the default floor, for one process against one): "
         f"{k} of {n} significant; of the runs measured with a default in force (not used to set it) "
         f"{int(judged[held_out].sum())} of {int(held_out.sum())}"]
 
 
-def figure(part: str, table: pd.DataFrame, default_noise: float = 0.0,
-           default_replicas: int = 1) -> tuple[str, bool | None, list[str]]:
+def figure(part: str, table: pd.DataFrame, default_noise: float = 0.0, default_replicas: int = 1,
+           device_noise: float | None = None) -> tuple[str, bool | None, list[str]]:
     """The part's headline figure, whether it meets the target (None: nothing measured), and detail lines.
 
-    default_noise: the device's default process noise, with which A/A runs are judged (see aa_significant).
+    default_noise: the default process-noise floor of the workload, with which A/A runs are judged (see
+    aa_significant); device_noise: the device's (default_noise unless the workload has a floor of its own, which
+    was set from earlier A/A runs: then only the runs made under it count).
     default_replicas: the processes per arm e2eprof runs by default; the target is judged on the runs made with it,
     runs with other counts are listed below it."""
     ok = table[table.get("error", pd.Series("", index=table.index)).fillna("") == ""] if len(table) else table
@@ -551,16 +569,24 @@ def figure(part: str, table: pd.DataFrame, default_noise: float = 0.0,
         if not len(ok):
             return "no completed A/A run", None, []
         processes = processes_per_arm(ok)
+        device_noise = default_noise if device_noise is None else device_noise
+        own_floor = abs(default_noise - device_noise) > 1e-12
         detail, k, n = [], 0, 0
         for count in sorted(processes.unique(), key=lambda c: (c != default_replicas, c)):
-            significant, lines = aa_lines(ok[processes == count], default_noise, int(count))
+            runs = ok[processes == count]
+            significant, lines = aa_lines(runs, default_noise, int(count), device_noise)
             detail += lines
             if count == default_replicas:
-                k, n = significant, int((processes == count).sum())
+                k, n = significant, len(runs)
+                if own_floor:  # the workload's floor was set from earlier runs: only those made under it count
+                    held = held_out_runs(runs, default_noise, device_noise)
+                    k, n = int(aa_significant(runs[held], default_noise).sum()), int(held.sum())
         if not n:
-            return f"no A/A run with the default {default_replicas} processes per arm", None, detail
+            return (f"no A/A run with the default {default_replicas} processes per arm"
+                    + (" made under the workload's own process-noise floor" if own_floor else ""), None, detail)
         return (f"{k} of {n} A/A runs significant with {default_replicas} process(es) per arm and process noise "
-                f"{default_noise * 100:.2f}% ({k / n:.0%}; 95% upper bound {binomial_upper(k, n):.0%})",
+                f"{default_noise * 100:.2f}%" + (" (the workload's own floor; runs made under it)" if own_floor else "")
+                + f" ({k / n:.0%}; 95% upper bound {binomial_upper(k, n):.0%})",
                 UNRESOLVED if n < MIN_AA_RUNS else k / n <= 0.05, detail)
     if part == "sensitivity":
         if not len(ok):
@@ -660,8 +686,9 @@ def versions(device: str) -> dict:
             "transformers": env["transformers"], "triton": env["triton"], "source": source_stamp()}
 
 
-def markdown(part: str, table: pd.DataFrame, default_noise: float = 0.0, default_replicas: int = 1) -> str:
-    text, meets, detail = figure(part, table, default_noise, default_replicas)
+def markdown(part: str, table: pd.DataFrame, default_noise: float = 0.0, default_replicas: int = 1,
+             device_noise: float | None = None) -> str:
+    text, meets, detail = figure(part, table, default_noise, default_replicas, device_noise)
     mark = MARKS[meets]
     env = "; ".join(f"{k} {', '.join(map(str, table[k].dropna().unique()))}" for k in
                     ("gpu", "python", "torch", "transformers", "triton", "model", "workload", "source")
@@ -689,7 +716,8 @@ def write(part: str, new_rows: list[dict], s: Settings, keep_old: bool) -> pd.Da
         frame = pd.concat([pd.read_parquet(path), frame], ignore_index=True)
     frame.to_parquet(path, index=False)
     defaults = s.resolved()
-    (s.out / f"{part}.md").write_text(markdown(part, frame, defaults.process_noise, defaults.replicas))
+    (s.out / f"{part}.md").write_text(markdown(part, frame, defaults.noise_floor(s.workload), defaults.replicas,
+                                               defaults.process_noise))
     return frame
 
 

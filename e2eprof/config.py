@@ -27,6 +27,11 @@ PRECISIONS = ("bf16", "fp16", "fp32")
 # (benchmarks/self_benchmark.py --part aa), not assumed: H200 from gpt2 train (reports/self-benchmark-h200/aa.md).
 # What moves between processes is the GPU's idle time between kernels: how fast the host keeps the queue fed.
 H200_PROCESS_NOISE = 0.0044
+# Workloads whose identical processes differ more than training's, each measured by its own A/A runs: a floor of its
+# own under the device's. Decode (gpt2, 16 tokens in CUDA graphs): 13 A/A runs imply 0.67% for one process against
+# one (reports/self-benchmark-h200-decode/aa.md); judged with 0.44%, 3 of the 13 were false alarms, with 0.67% none.
+# Set from those runs, so only A/A runs made after it can show whether it holds.
+H200_WORKLOAD_PROCESS_NOISE = (("decode", 0.0067),)
 # CPU: one process per arm cannot show its own spread, so a CPU verdict must not claim less than identical CPU
 # processes differ by (reports/self-benchmark-cpu/aa.md).
 CPU_PROCESS_NOISE = 0.11
@@ -55,6 +60,11 @@ class DeviceDefaults:
     profile_steps: int
     process_noise: float
     replicas: int
+    workload_process_noise: tuple[tuple[str, float], ...] = ()  # (workload, floor) above process_noise
+
+    def noise_floor(self, workload: str) -> float:
+        """The process-noise floor of one workload: the device's, or the workload's own where it is higher."""
+        return max(self.process_noise, dict(self.workload_process_noise).get(workload, 0.0))
 
     @staticmethod
     def for_device(device: str) -> "DeviceDefaults":
@@ -65,7 +75,7 @@ class DeviceDefaults:
             return DeviceDefaults(batch=8, seq=1024, steps=40, block_steps=5, new_tokens=16, precision="bf16",
                                   max_warmup_steps=50, reference_arms=("sdpa", "compile"), budget_seconds=60.0,
                                   profile_warmup=2, profile_steps=3, process_noise=H200_PROCESS_NOISE,
-                                  replicas=H200_REPLICAS)
+                                  replicas=H200_REPLICAS, workload_process_noise=H200_WORKLOAD_PROCESS_NOISE)
         # CPU step times are noisy (2-core laptops, shared CI): windows rarely agree within 2%, so cap warm-up low,
         # and spend no extra time chasing a 1% interval that a CPU will not give in minutes.
         # GPT-2's 50k-token LM head makes a CPU train step cost ~0.2 s per 32 tokens on two cores: one 64-token
@@ -99,6 +109,12 @@ class CompareConfig:
     correction: str = "holm"  # across workloads: holm (family-wise), bh (false discovery rate) or none
     aa: bool = False  # A/A calibration: the baseline against a second, identical baseline process
     process_noise: float | None = None  # between-process spread folded into every interval (default by device)
+    # Workloads' own floors above process_noise, from the device defaults; none when --process-noise is given.
+    workload_process_noise: tuple[tuple[str, float], ...] | None = None
+
+    def noise_floor(self, workload: str) -> float:
+        """The process noise a workload's intervals carry at least: process_noise, or the workload's own floor."""
+        return max(self.process_noise or 0.0, dict(self.workload_process_noise or ()).get(workload, 0.0))
     replicas: int | None = None  # identical processes for the baseline and the candidate arm each (default by device)
     target_half_width: float = 0.01  # adaptive length: add blocks until the speedup interval is this tight...
     budget_seconds: float | None = None  # ...or this much more timed time per workload is spent (default by device)
@@ -161,6 +177,9 @@ class CompareConfig:
         check_launch(workloads=workloads, device=device, nproc=self.nproc, nnodes=self.nnodes,
                      rdzv_endpoint=self.rdzv_endpoint, find_max_batch=self.find_max_batch)
         defaults = DeviceDefaults.for_device(device)
+        if self.workload_process_noise is None:  # a --process-noise of the user's is the noise of every workload
+            object.__setattr__(self, "workload_process_noise",
+                               defaults.workload_process_noise if self.process_noise is None else ())
         for name in ("batch", "seq", "steps", "block_steps", "new_tokens", "precision", "max_warmup_steps",
                      "reference_arms", "budget_seconds", "profile_warmup", "profile_steps", "process_noise"):
             if getattr(self, name) is None:
@@ -261,10 +280,11 @@ class CompareConfig:
             else:
                 raise UsageError(f"the recorded configuration has no '{f.name}'")
             if isinstance(value, list):
-                value = tuple(value)
+                value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
             object.__setattr__(config, f.name, Path(value) if f.name == "out" and value else value)
         # Recorded by an e2eprof from before these options: what such a run did (no process noise, one process each).
-        for name, before in (("process_noise", 0.0), ("replicas", 1), ("isolate", isolation.parse(None))):
+        for name, before in (("process_noise", 0.0), ("replicas", 1), ("isolate", isolation.parse(None)),
+                             ("workload_process_noise", ())):
             if record.get(name) is None:
                 object.__setattr__(config, name, before)
         return config
@@ -276,6 +296,7 @@ class CompareConfig:
         record["workloads"] = list(self.workloads)
         record["reference_arms"] = list(self.reference_arms)
         record["isolate"] = list(self.isolate)
+        record["workload_process_noise"] = [list(pair) for pair in self.workload_process_noise or ()]
         if self.candidates:  # absent in a run of one --patch, as before candidates existed (resume compares records)
             record["candidates"] = list(self.candidates)
         else:

@@ -24,7 +24,9 @@ from e2eprof.tables.rundir import RunDir
 from e2eprof.sweep import OOM_METRIC
 
 # Options that may differ between the interrupted command and the resuming one: they do not change what is measured.
-IGNORED = {"out", "force", "command_line"}
+# workload_process_noise follows from the device and --process-noise, which are compared; a run recorded before it
+# existed resumes under the floors of today's version.
+IGNORED = {"out", "force", "command_line", "workload_process_noise"}
 # Config field -> the option that sets it, for the refusal message.
 OPTION = {"workloads": "--workload", "precision": "--dtype", "reference_arms": "--reference", "budget_seconds": "--budget",
           "target_half_width": "--target-ci", "replicas": "--replicas",

@@ -13,7 +13,7 @@ and 16-byte alignment, an integer's width, divisibility by 16 and equality to 1)
 goes through `kernel[grid]`, which compiles and launches it, and its compiled kernel is kept for the key.
 
 Every case this does not cover takes the ordinary `kernel[grid]` path, which is always correct: CPU tensors (the
-interpreter), a Triton without `native_specialize_impl`, launch hooks (Triton's profilers) or pre-run hooks set, a
+interpreter), a Triton without `native_specialize_impl`, a launch hook (Triton's profilers) or pre-run hook set, a
 tensor on another device than the current one, a call leaving parameters to their defaults, and
 E2EPROF_TRITON_FAST_LAUNCH=0.
 """
@@ -54,12 +54,12 @@ def launch(kernel, grid: tuple[int, ...], *args, **constexprs) -> None:
         if device == torch._C._cuda_getDevice():
             key = (kernel, device, *constexprs.items(), *[_specialize(_Backend, a, False, True, True) for a in args])
             entry = _COMPILED.get(key)
-            if entry is not None and _knobs.runtime.launch_enter_hook is None \
-                    and _knobs.runtime.launch_exit_hook is None:
+            if entry is not None and _unhooked(_knobs.runtime.launch_enter_hook) \
+                    and _unhooked(_knobs.runtime.launch_exit_hook):
                 compiled, constants = entry
                 compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
                              torch._C._cuda_getCurrentRawStream(device), compiled.function, compiled.packed_metadata,
-                             None, None, None, *args, *constants)  # no launch metadata: no hook wants it
+                             None, None, None, *args, *constants)  # no hook: no launch metadata, none to call
                 STATS["direct"] += 1
                 return
             compiled = kernel[grid](*args, **constexprs)
@@ -71,6 +71,11 @@ def launch(kernel, grid: tuple[int, ...], *args, **constexprs) -> None:
     with _device_of(first):
         kernel[grid](*args, **constexprs)
     STATS["ordinary"] += 1
+
+
+def _unhooked(hook) -> bool:
+    # Triton >= 3.5 keeps every launch hook as a HookChain, empty unless a profiler added to it; older ones None.
+    return hook is None or not getattr(hook, "calls", True)
 
 
 def _cacheable(kernel, compiled, positional: int, constexprs: dict) -> bool:

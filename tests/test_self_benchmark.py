@@ -184,3 +184,21 @@ def test_bad_options_are_a_usage_error(out, args, message):
                           capture_output=True, text=True, env=env, cwd=ROOT, check=False)
     assert done.returncode == 2 and done.stderr.strip().startswith(message)
     assert "Traceback" not in done.stderr
+
+
+def test_a_workload_floor_is_judged_only_on_runs_made_under_it():
+    sb = load_module()
+
+    def row(speedup, noise_floor=None):
+        return {"speedup": speedup, "ci_low": speedup * 0.993, "ci_high": speedup * 1.007, "process_noise": 0.0031,
+                "processes": 2, "mw_p_adjusted": 0.001, "verdict": "PASS", "significant": False, "error": "",
+                "noise_floor": noise_floor}
+
+    earlier = [row(0.992), row(1.004), row(0.9915), row(1.0)]  # the runs a decode floor of 0.67% was set from
+    table = pd.DataFrame(earlier + [row(1.002, 0.0067), row(0.999, 0.0067), row(0.97, 0.0067)])
+    text, meets, detail = sb.figure("aa", table, default_noise=0.0067, default_replicas=2, device_noise=0.0044)
+    assert text.startswith("1 of 3 A/A runs significant") and "the workload's own floor" in text  # 0.97x only
+    assert meets == sb.UNRESOLVED  # 3 runs are too few to judge the target
+    assert "of the runs measured with a default in force (not used to set it) 1 of 3" in " ".join(detail)
+    held = sb.held_out_runs(table, 0.0044, 0.0044)  # the device's own floor: old runs with noise folded in count
+    assert held.tolist() == [True] * 7

@@ -92,7 +92,8 @@ class _Workload:
             for arm in ("baseline", *self.candidates):
                 if len(self.samples.get(arm, ())):
                     by_process[arm] = [(_ms(g), g.block.to_numpy()) for g in self.per_process(arm)]
-            self._spread = stats.process_spread(by_process, floor=self.config.process_noise, seed=self.config.seed)
+            self._spread = stats.process_spread(by_process, floor=self.config.noise_floor(self.name),
+                                                seed=self.config.seed)
         return self._spread
 
     def per_process(self, arm: str) -> list[pd.DataFrame]:
@@ -101,10 +102,11 @@ class _Workload:
         return [g for _, g in rows.groupby(rows["replica"].fillna(0))] if "replica" in rows else [rows]
 
     def process_noise(self) -> float:
-        """The process noise every interval of this workload carries: the device's (a floor, measured once per
-        device type by A/A runs) or what this run's replicas show, whichever is larger."""
+        """The process noise every interval of this workload carries: the floor (the device's, or the workload's own
+        where A/A runs measured a higher one) or what this run's replicas show, whichever is larger."""
         estimate = self.spread().estimate
-        return max(self.config.process_noise, estimate) if math.isfinite(estimate) else self.config.process_noise
+        floor = self.config.noise_floor(self.name)
+        return max(floor, estimate) if math.isfinite(estimate) else floor
 
     def processes(self, arm: str) -> int:
         """How many identical processes (replicas) timed this arm's warm steps."""

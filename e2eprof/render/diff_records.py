@@ -118,6 +118,11 @@ class RunRecord:
             return float(value)
         return DeviceDefaults.for_device(str(self.config.get("device") or "cpu")).process_noise
 
+    def noise_floor(self, workload: str) -> float:
+        """process_noise, or the workload's own floor where the run recorded a higher one (decode on a GPU)."""
+        floors = {w: f for w, f in (self.config.get("workload_process_noise") or ())}
+        return max(self.process_noise, float(floors.get(workload, 0.0)))
+
     def relabelled(self, label: str) -> RunRecord:
         """The same run with its one point renamed (two single-point runs are diffed row against row)."""
         summary = self.summary.assign(point=label) if self.summary is not None else None

@@ -73,8 +73,8 @@ def _arm_row(a, b, config, point, workload, arm, in_a: bool, in_b: bool) -> dict
         ci = stats.ratio_of_medians_ci(xb, xa, confidence=config.confidence, n_boot=config.n_boot, seed=config.seed)
         # A and B are other processes: each one's own offset is a difference the bootstrap cannot see.
         # Differences between days or cards come on top and are not in it: the environment flags name them.
-        noise = stats.pooled_process_noise(a.process_noise, a.processes(point, workload, arm),
-                                           b.process_noise, b.processes(point, workload, arm))
+        noise = stats.pooled_process_noise(a.noise_floor(workload), a.processes(point, workload, arm),
+                                           b.noise_floor(workload), b.processes(point, workload, arm))
         ci = stats.with_process_noise(ci, noise)
         row.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high, mde=stats.minimum_detectable_effect(ci),
                    p=stats.mann_whitney(xb, xa).p_two_sided, process_noise=noise)
@@ -118,7 +118,8 @@ def speedup_rows(a: RunRecord, b: RunRecord, config: DiffConfig) -> list[dict]:
         p = min(1.0, 2 * (min(np.sum(diff <= 0), np.sum(diff >= 0)) + 1) / (config.n_boot + 1))
         # Each run's speedup carries its own process noise, as `compare` reports it; the difference carries both,
         # added in quadrature to each side of the bootstrap interval (absolute speedup units: ratio x noise).
-        noise = {run.label: stats.replicated_process_noise(run.process_noise, run.processes(point, workload, "baseline"),
+        noise = {run.label: stats.replicated_process_noise(run.noise_floor(workload),
+                                                           run.processes(point, workload, "baseline"),
                                                            run.processes(point, workload, "patched")) for run in (a, b)}
         per_run = {label: stats.with_process_noise(ci, noise[label]) for label, ci in per_run.items()}
         sa, sb = per_run["A"], per_run["B"]

@@ -88,6 +88,36 @@ def test_an_aa_offset_inside_the_process_noise_is_no_false_alarm():
     assert far["train"].verdict == FAIL and far["train"].reasons[0] == "AA_FALSE_ALARM"
 
 
+def test_the_gpu_defaults_give_decode_a_floor_of_its_own():
+    gpu = DeviceDefaults.for_device("cuda")
+    assert gpu.noise_floor("train") == gpu.process_noise == 0.0044
+    assert gpu.noise_floor("decode") == 0.0067  # from decode's own A/A runs, above the device's
+    assert DeviceDefaults.for_device("cpu").noise_floor("decode") == DeviceDefaults.for_device("cpu").process_noise
+
+
+def test_a_workload_floor_widens_that_workload_only_and_a_given_noise_replaces_every_floor():
+    def run(**options):
+        steps = [s for w in ("train", "decode") for s in
+                 steps_for(w, "baseline", 100, noise=0.002) + steps_for(w, AA_ARM, 100.9, noise=0.002)]
+        checks = clean_checks("train", ["baseline", AA_ARM], candidate=AA_ARM) + clean_checks(
+            "decode", ["baseline", AA_ARM], candidate=AA_ARM)
+        config = CompareConfig(model="gpt2-tiny", patch="fastsoftmax", device="cpu", workloads=("train", "decode"),
+                               aa=True, **options)
+        rows, verdicts = summarize(steps, checks, config, set())
+        noise = {r["workload"]: r["process_noise"] for r in rows if r["arm"] == AA_ARM}
+        return config, noise, verdicts
+
+    config, noise, verdicts = run(process_noise=0.0044, workload_process_noise=(("decode", 0.0067),))
+    assert noise == {"train": 0.0044, "decode": 0.0067}
+    assert verdicts["train"].reasons[0] == "AA_FALSE_ALARM"  # 0.9% beyond train's floor
+    assert verdicts["decode"].reasons[0] == "NO_SIGNIFICANT_DIFFERENCE"  # inside decode's
+    config, noise, _ = run(process_noise=0.0044)  # the user's --process-noise is every workload's
+    assert config.workload_process_noise == () and noise == {"train": 0.0044, "decode": 0.0044}
+    again = CompareConfig.from_record(
+        {**config.to_record(), "workload_process_noise": [["decode", 0.0067]]})
+    assert again.workload_process_noise == (("decode", 0.0067),) and again.noise_floor("decode") == 0.0067
+
+
 def test_a_real_slowdown_beyond_the_noise_still_fails():
     steps = steps_for("train", "baseline", 100, noise=0.002) + steps_for("train", "patched", 102, noise=0.002)
     config = CompareConfig(model="gpt2-tiny", patch="fastsoftmax", device="cpu", workloads=("train",),
