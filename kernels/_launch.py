@@ -52,7 +52,9 @@ def launch(kernel, grid: tuple[int, ...], *args, **constexprs) -> None:
     if _ENABLED and first.is_cuda:
         device = first.get_device()
         if device == torch._C._cuda_getDevice():
-            key = (kernel, device, *constexprs.items(), *[_specialize(_Backend, a, False, True, True) for a in args])
+            # id(kernel): a JITFunction hashes through a locked property; the kernels live as long as their module.
+            key = (id(kernel), device, *constexprs.items(),
+                   *[_specialize(_Backend, a, False, True, True) for a in args])
             entry = _COMPILED.get(key)
             if entry is not None and _unhooked(_knobs.runtime.launch_enter_hook) \
                     and _unhooked(_knobs.runtime.launch_exit_hook):
