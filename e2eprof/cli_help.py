@@ -46,8 +46,10 @@ BUDGET_HELP = (f"Adaptive length: seconds of timed steps per workload to spend r
 TARGET_CI_HELP = (f"Stop adding blocks once the speedup interval's half-width is under this fraction "
                   f"(default: {_DEFAULTS['target_half_width']}).")
 PROCESS_NOISE_HELP = ("Between-process spread (relative SD of an A/A ratio beyond its interval) folded into every "
-                      f"interval, 0 = off {by_device('process_noise', lambda v: f'{v:g}')}; "
-                      "benchmarks/self_benchmark.py --part aa measures yours.")
+                      f"interval, 0 = off {by_device('process_noise', lambda v: f'{v:g}')}; on a GPU "
+                      + ", ".join(f"{w} {v:g}" for w, v in _GPU.workload_process_noise)
+                      + " (their own A/A runs); given, it is every workload's. benchmarks/self_benchmark.py --part aa "
+                      "measures yours.")
 REPLICAS_HELP = ("Identical worker processes for the baseline and the candidate arm each "
                  f"{by_device('replicas')}; each process has its own step-time offset, and N per arm shrink that "
                  "part of the interval by sqrt(N).")
