@@ -12,6 +12,7 @@ the test of whether an eager call may skip the dispatcher (run_directly).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import types
@@ -57,11 +58,13 @@ def choose_impl(t: torch.Tensor, *, op: str, env_var: str, stock: str, triton_av
     raise ValueError(f"{env_var} must be 'cpu', 'triton' or 'auto', got {choice!r}")
 
 
+@functools.cache
 def triton_kernels(package: str) -> types.ModuleType:
     """The Triton module (`<package>.triton_kernels`) of the kernel package `package`, imported on first use.
 
     Imported lazily: the module imports triton at top level, and @triton.jit decides at decoration time whether
-    to build interpreted kernels, so TRITON_INTERPRET must already be set when this first runs.
+    to build interpreted kernels, so TRITON_INTERPRET must already be set when this first runs. Then kept: an
+    import call on every kernel call costs host time.
     """
     return importlib.import_module(f"{package}.triton_kernels")
 

@@ -20,7 +20,6 @@ implementations work on that layout's memory as one flat array.
 
 import collections
 import functools
-import types
 from typing import Optional
 
 import torch
@@ -87,11 +86,6 @@ _BWD_OP = torch.ops.e2eprof.fastgelu_backward.default
 # calls a Python kernel, so "tanh" arrives as no argument at all.
 
 
-@functools.cache
-def _triton() -> types.ModuleType:
-    return triton_kernels(__package__)  # imported on first use, then kept: an import call per call costs host time
-
-
 def _fastgelu_impl(x: torch.Tensor, out_dtype: Optional[torch.dtype], approximate: str = "tanh") -> torch.Tensor:
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_float("x", x.dtype)
@@ -99,7 +93,7 @@ def _fastgelu_impl(x: torch.Tensor, out_dtype: Optional[torch.dtype], approximat
     _check_approximate(approximate)
     if x.is_cuda and TRITON_AVAILABLE and x.is_contiguous():
         # Contiguous on the GPU: the stock op's output is contiguous too, and the kernel walks the memory flat.
-        y = _triton().gelu_forward(x, out_dtype, approximate)
+        y = triton_kernels(__package__).gelu_forward(x, out_dtype, approximate)
         IMPL_CALLS["triton.fwd"] += 1
         return y
     impl = _choose_impl(x)
@@ -125,7 +119,7 @@ def _fastgelu_backward_impl(grad_out: torch.Tensor, x: torch.Tensor, dx_dtype: t
                             approximate: str = "tanh") -> torch.Tensor:
     _check_backward_args(grad_out, x, dx_dtype, approximate)
     if x.is_cuda and TRITON_AVAILABLE and x.is_contiguous() and grad_out.is_contiguous():
-        dx = _triton().gelu_backward(grad_out, x, dx_dtype, approximate)
+        dx = triton_kernels(__package__).gelu_backward(grad_out, x, dx_dtype, approximate)
         IMPL_CALLS["triton.bwd"] += 1
         return dx
     impl = _choose_impl(x)

@@ -15,7 +15,6 @@ dtype arguments: torch.library accepts `torch.dtype` as the schema type `ScalarT
 import collections
 import functools
 import math
-import types
 from typing import Optional
 
 import torch
@@ -83,11 +82,6 @@ _LIB.define("fastsoftmax(Tensor x, int dim, ScalarType? out_dtype) -> Tensor")
 _LIB.define("fastsoftmax_backward(Tensor grad_out, Tensor out, int dim, ScalarType in_dtype) -> Tensor")
 
 
-@functools.cache
-def _triton() -> types.ModuleType:
-    return triton_kernels(__package__)  # imported on first use, then kept: an import call per softmax costs host time
-
-
 def _fastsoftmax_impl(x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_float("x", x.dtype)
@@ -95,13 +89,13 @@ def _fastsoftmax_impl(x: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype
     dim = _normalize_dim(dim, x.dim())
     if x.is_cuda and TRITON_AVAILABLE and dim == x.dim() - 1 and x.is_contiguous():
         # Attention scores on the GPU: the rows are the last dim already, so no view or copy on the host.
-        y = _triton().softmax_forward(x, out_dtype)
+        y = triton_kernels(__package__).softmax_forward(x, out_dtype)
         IMPL_CALLS["triton.fwd"] += 1
         return y
     impl = _choose_impl(x)
     x2d = _to_rows(x, dim)  # (R, C)
     if impl == "triton":
-        y2d = _triton().softmax_forward(x2d, out_dtype)
+        y2d = triton_kernels(__package__).softmax_forward(x2d, out_dtype)
     else:
         y2d = cpu.softmax_forward(x2d, out_dtype)
     IMPL_CALLS[_FWD_KEY[impl]] += 1
@@ -122,14 +116,15 @@ def _fastsoftmax_backward_impl(
     _check_backward_args(grad_out, out, in_dtype)
     dim = _normalize_dim(dim, out.dim())
     if out.is_cuda and TRITON_AVAILABLE and dim == out.dim() - 1 and out.is_contiguous() and grad_out.is_contiguous():
-        dx = _triton().softmax_backward(grad_out, out, in_dtype)  # rows along the last dim: no view or copy
+        # Rows along the last dim: no view or copy on the host.
+        dx = triton_kernels(__package__).softmax_backward(grad_out, out, in_dtype)
         IMPL_CALLS["triton.bwd"] += 1
         return dx
     impl = _choose_impl(out)
     dy2d = _to_rows(grad_out, dim)  # (R, C)
     y2d = _to_rows(out, dim)  # (R, C)
     if impl == "triton":
-        dx2d = _triton().softmax_backward(dy2d, y2d, in_dtype)
+        dx2d = triton_kernels(__package__).softmax_backward(dy2d, y2d, in_dtype)
     else:
         dx2d = cpu.softmax_backward(dy2d, y2d, in_dtype)
     IMPL_CALLS[_BWD_KEY[impl]] += 1

@@ -8,8 +8,6 @@ implementation raises instead. IMPL_CALLS counts which implementation ran, for t
 """
 
 import collections
-import functools
-import types
 
 import torch
 
@@ -52,15 +50,11 @@ _FWD_KEY = {"triton": "triton.fwd", "cpu": "cpu.fwd"}  # built once, not an f-st
 _BWD_KEY = {"triton": "triton.bwd", "cpu": "cpu.bwd"}
 
 
-@functools.cache
-def _triton() -> types.ModuleType:
-    return triton_kernels(__package__)  # imported on first use, then kept: an import call per call costs host time
-
-
 def _swiglu_impl(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     _check_args(("gate", gate), ("up", up))
     if gate.is_cuda and TRITON_AVAILABLE and gate.is_contiguous() and up.is_contiguous():
-        y = _triton().swiglu_forward(gate, up)  # contiguous: the kernel walks the memory flat, no views
+        # Contiguous: the kernel walks the memory flat, no views.
+        y = triton_kernels(__package__).swiglu_forward(gate, up)
         IMPL_CALLS["triton.fwd"] += 1
         return y
     impl = _choose_impl(gate)
@@ -79,7 +73,7 @@ def _swiglu_backward_impl(grad_out: torch.Tensor, gate: torch.Tensor,
                           up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check_args(("gate", gate), ("up", up), ("grad_out", grad_out))
     if gate.is_cuda and TRITON_AVAILABLE and gate.is_contiguous() and up.is_contiguous() and grad_out.is_contiguous():
-        dgate, dup = _triton().swiglu_backward(grad_out, gate, up)
+        dgate, dup = triton_kernels(__package__).swiglu_backward(grad_out, gate, up)
         IMPL_CALLS["triton.bwd"] += 1
         return dgate, dup
     impl = _choose_impl(gate)
