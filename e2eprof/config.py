@@ -32,6 +32,12 @@ H200_PROCESS_NOISE = 0.0044
 # one (reports/self-benchmark-h200-decode/aa.md); judged with 0.44%, 3 of the 13 were false alarms, with 0.67% none.
 # Set from those runs, so only A/A runs made after it can show whether it holds.
 H200_WORKLOAD_PROCESS_NOISE = (("decode", 0.0067),)
+
+
+def noise_floor(process_noise: float, workload_floors, workload: str) -> float:
+    """The process noise a workload's intervals carry at least: PROCESS_NOISE, or the workload's own floor in
+    WORKLOAD_FLOORS ((workload, floor) pairs) where it is higher."""
+    return max(process_noise, float(dict(workload_floors or ()).get(workload, 0.0)))
 # CPU: one process per arm cannot show its own spread, so a CPU verdict must not claim less than identical CPU
 # processes differ by (reports/self-benchmark-cpu/aa.md).
 CPU_PROCESS_NOISE = 0.11
@@ -63,8 +69,7 @@ class DeviceDefaults:
     workload_process_noise: tuple[tuple[str, float], ...] = ()  # (workload, floor) above process_noise
 
     def noise_floor(self, workload: str) -> float:
-        """The process-noise floor of one workload: the device's, or the workload's own where it is higher."""
-        return max(self.process_noise, dict(self.workload_process_noise).get(workload, 0.0))
+        return noise_floor(self.process_noise, self.workload_process_noise, workload)
 
     @staticmethod
     def for_device(device: str) -> "DeviceDefaults":
@@ -111,10 +116,6 @@ class CompareConfig:
     process_noise: float | None = None  # between-process spread folded into every interval (default by device)
     # Workloads' own floors above process_noise, from the device defaults; none when --process-noise is given.
     workload_process_noise: tuple[tuple[str, float], ...] | None = None
-
-    def noise_floor(self, workload: str) -> float:
-        """The process noise a workload's intervals carry at least: process_noise, or the workload's own floor."""
-        return max(self.process_noise or 0.0, dict(self.workload_process_noise or ()).get(workload, 0.0))
     replicas: int | None = None  # identical processes for the baseline and the candidate arm each (default by device)
     target_half_width: float = 0.01  # adaptive length: add blocks until the speedup interval is this tight...
     budget_seconds: float | None = None  # ...or this much more timed time per workload is spent (default by device)
@@ -288,6 +289,9 @@ class CompareConfig:
             if record.get(name) is None:
                 object.__setattr__(config, name, before)
         return config
+
+    def noise_floor(self, workload: str) -> float:
+        return noise_floor(self.process_noise or 0.0, self.workload_process_noise, workload)
 
     def to_record(self) -> dict:
         """Flat, JSON-friendly view for run.parquet."""

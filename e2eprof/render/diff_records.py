@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from e2eprof.analysis import stats
-from e2eprof.config import DeviceDefaults
+from e2eprof.config import DeviceDefaults, noise_floor
 from e2eprof.errors import UsageError
 from e2eprof.tables.rundir import RunDir
 from e2eprof.distributed.ranks import slowest_rank_frame
@@ -120,8 +120,7 @@ class RunRecord:
 
     def noise_floor(self, workload: str) -> float:
         """process_noise, or the workload's own floor where the run recorded a higher one (decode on a GPU)."""
-        floors = {w: f for w, f in (self.config.get("workload_process_noise") or ())}
-        return max(self.process_noise, float(floors.get(workload, 0.0)))
+        return noise_floor(self.process_noise, self.config.get("workload_process_noise"), workload)
 
     def relabelled(self, label: str) -> RunRecord:
         """The same run with its one point renamed (two single-point runs are diffed row against row)."""
