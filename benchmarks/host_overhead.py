@@ -87,27 +87,31 @@ def layers(device: str) -> dict[str, tuple[Callable, Callable, Callable, Callabl
         return torch.randn(shape, device=device)
 
     c = HIDDEN[-1]
+    # The Triton launchers of softmax, GELU, LayerNorm and SwiGLU take any contiguous shape, as their ops hand it
+    # over on a GPU; the CPU code wants rows or a flat tensor.
+    as_rows = (lambda x: x) if device == "cuda" else (lambda x: x.view(-1, x.shape[-1]))
+    as_flat = (lambda x: x) if device == "cuda" else (lambda x: x.view(-1))
     mask = torch.zeros((1, 1) + SCORES[2:], device=device)
     sm, fs, ge, ln = code(softmax_op), code(fused_op), code(gelu_op), code(layernorm_op)
     rn, sw = code(rmsnorm_op), code(swiglu_op)
     ops = torch.ops.e2eprof
     return {
         "fastsoftmax": (lambda x: ops.fastsoftmax(x, -1, None), lambda x: softmax_op._fastsoftmax_impl(x, -1, None),
-                        lambda x: sm.softmax_forward(x.view(-1, x.shape[-1]), x.dtype), lambda: (t(SCORES),)),
+                        lambda x: sm.softmax_forward(as_rows(x), x.dtype), lambda: (t(SCORES),)),
         "fusedsoftmax": (lambda x: ops.fusedsoftmax(x, mask, 0.5, x.dtype),
                          lambda x: fused_op._fusedsoftmax_impl(x, mask, 0.5, x.dtype),
                          lambda x: fs.fused_softmax_forward(x, mask.expand(x.shape), 0.5, x.dtype),
                          lambda: (t(SCORES),)),
         "fastgelu": (lambda x: ops.fastgelu(x, None, "tanh"), lambda x: gelu_op._fastgelu_impl(x, None, "tanh"),
-                     lambda x: ge.gelu_forward(x.view(-1), x.dtype, "tanh"), lambda: (t(HIDDEN),)),
+                     lambda x: ge.gelu_forward(as_flat(x), x.dtype, "tanh"), lambda: (t(HIDDEN),)),
         "fastlayernorm": (lambda x, w, b: ops.fastlayernorm(x, [c], w, b, 1e-5, None)[0],
                           lambda x, w, b: layernorm_op._fastlayernorm_impl(x, [c], w, b, 1e-5, None)[0],
-                          lambda x, w, b: ln.layer_norm_forward(x.view(-1, c), w, b, 1e-5, x.dtype)[0],
+                          lambda x, w, b: ln.layer_norm_forward(as_rows(x), w, b, 1e-5, x.dtype)[0],
                           lambda: (t(HIDDEN), t(c), t(c))),
         "rmsnorm": (lambda x, w: ops.rmsnorm(x, w, 1e-6), lambda x, w: rmsnorm_op._rmsnorm_impl(x, w, 1e-6),
                     lambda x, w: rn.rmsnorm_forward(x.view(-1, c), w, 1e-6), lambda: (t(HIDDEN), t(c))),
         "swiglu": (lambda g, u: ops.swiglu(g, u), swiglu_op._swiglu_impl,
-                   lambda g, u: sw.swiglu_forward(g.view(-1), u.view(-1)), lambda: (t(HIDDEN), t(HIDDEN))),
+                   lambda g, u: sw.swiglu_forward(as_flat(g), as_flat(u)), lambda: (t(HIDDEN), t(HIDDEN))),
     }
 
 

@@ -37,7 +37,7 @@ def choose_impl(t: torch.Tensor, *, op: str, env_var: str, stock: str, triton_av
     op: the kernel's name for messages ("fastsoftmax"); stock: what it replaces ("torch.softmax"); triton_available:
     passed by the caller (read from its own module at call time, so tests can switch it off per kernel).
     """
-    if t.device.type == "cuda":
+    if t.is_cuda:  # not t.device.type: building a torch.device per call costs host time on every op call
         if not triton_available:
             raise RuntimeError(
                 f"e2eprof::{op} got a CUDA tensor but triton is not installed; refusing to fall back to {stock} "

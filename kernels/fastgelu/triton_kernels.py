@@ -121,7 +121,7 @@ def gelu_forward(x1d: torch.Tensor, out_dtype: torch.dtype, approximate: str = "
     _check_out_dtype("out_dtype", out_dtype)
     fwd_kernel, _ = _kernels(approximate)
     n = x1d.numel()
-    y1d = torch.empty(x1d.shape, dtype=out_dtype, device=x1d.device)
+    y1d = torch.empty_like(x1d, dtype=out_dtype, memory_format=torch.contiguous_format)
     if n == 0:
         return y1d
     grid = (triton.cdiv(n, ELEMENTS_PER_PROGRAM),)
@@ -139,7 +139,7 @@ def gelu_backward(dy1d: torch.Tensor, x1d: torch.Tensor, dx_dtype: torch.dtype, 
     if dy1d.shape != x1d.shape:
         raise ValueError(f"dy1d {tuple(dy1d.shape)} and x1d {tuple(x1d.shape)} must have the same shape")
     n = x1d.numel()
-    dx1d = torch.empty(x1d.shape, dtype=dx_dtype, device=x1d.device)
+    dx1d = torch.empty_like(x1d, dtype=dx_dtype, memory_format=torch.contiguous_format)
     if n == 0:
         return dx1d
     grid = (triton.cdiv(n, ELEMENTS_PER_PROGRAM),)

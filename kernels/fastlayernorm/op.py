@@ -30,7 +30,6 @@ IMPL_ENV = "E2EPROF_FASTLAYERNORM_IMPL"
 # Keys "triton.fwd", "triton.bwd", "cpu.fwd", "cpu.bwd": one per call that reached an implementation
 # (empty inputs included: the implementation is chosen and called, it just launches nothing).
 IMPL_CALLS: collections.Counter = collections.Counter()
-_FWD_KEY = {"triton": "triton.fwd", "cpu": "cpu.fwd"}  # built once, not an f-string per call
 _BWD_KEY = {"triton": "triton.bwd", "cpu": "cpu.bwd"}
 
 
@@ -99,14 +98,23 @@ def _fastlayernorm_impl(x: torch.Tensor, normalized_shape: Sequence[int], weight
     _check_float("out_dtype", out_dtype)
     rows, cols = _rows_cols(x, normalized_shape, weight, bias)
     impl = _choose_impl(x)
-    x2d = x.contiguous().reshape(rows, cols)  # (R, C)
     w, b = _flat_param(weight, cols), _flat_param(bias, cols)
     if impl == "triton":
-        y2d, mean, rstd = triton_kernels(__package__).layer_norm_forward(x2d, w, b, eps, out_dtype)
-    else:
-        y2d, mean, rstd = cpu.layer_norm_forward(x2d, w, b, eps, out_dtype)
-    IMPL_CALLS[_FWD_KEY[impl]] += 1
-    # reshape_as and unpacked ints: torch parses a torch.Size argument about 1 us slower per call on the CPU.
+        # The Triton launcher takes rows along the last dim of any contiguous shape and returns statistics of the
+        # batch shape, so the common call (one normalized dim, contiguous hidden states) needs no view or reshape:
+        # on a GPU host those cost about as much as the launch itself.
+        if len(normalized_shape) == 1 and x.is_contiguous():
+            out = triton_kernels(__package__).layer_norm_forward(x, w, b, eps, out_dtype)
+        else:
+            y, mean, rstd = triton_kernels(__package__).layer_norm_forward(
+                x.contiguous().reshape(*x.shape[: x.dim() - len(normalized_shape)], cols), w, b, eps, out_dtype)
+            out = y.view(x.shape), mean, rstd
+        IMPL_CALLS["triton.fwd"] += 1
+        return out
+    y2d, mean, rstd = cpu.layer_norm_forward(x.contiguous().reshape(rows, cols), w, b, eps, out_dtype)  # (R, C)
+    IMPL_CALLS["cpu.fwd"] += 1
+    # Statistics shaped like x's batch dims, as aten::native_layer_norm's. reshape_as and unpacked ints: torch parses a
+    # torch.Size argument about 1 us slower per call on the CPU.
     batch = x.shape[: x.dim() - len(normalized_shape)]
     if not batch:  # a single row: 0-d statistics (reshape needs at least one size)
         return y2d.reshape_as(x), mean.reshape(()), rstd.reshape(())
@@ -130,15 +138,18 @@ def _fastlayernorm_backward_impl(grad_out: torch.Tensor, x: torch.Tensor, mean: 
     rows, cols = _check_backward_args(grad_out, x, mean, rstd, normalized_shape, weight,
                                       (dx_dtype, weight_dtype, bias_dtype))
     impl = _choose_impl(x)
+    w = _flat_param(weight, cols)
+    if impl == "triton" and len(normalized_shape) == 1 and grad_out.is_contiguous() and x.is_contiguous() \
+            and mean.is_contiguous() and rstd.is_contiguous():  # as in the forward: no view or reshape
+        out = triton_kernels(__package__).layer_norm_backward(grad_out, x, mean, rstd, w, dx_dtype, weight_dtype,
+                                                              bias_dtype)
+        IMPL_CALLS["triton.bwd"] += 1
+        return out
     dy2d = grad_out.contiguous().reshape(rows, cols)  # (R, C)
     x2d = x.contiguous().reshape(rows, cols)  # (R, C)
     mean1d, rstd1d = mean.contiguous().reshape(rows), rstd.contiguous().reshape(rows)  # (R,)
-    w = _flat_param(weight, cols)
-    if impl == "triton":
-        dx2d, dw, db = triton_kernels(__package__).layer_norm_backward(dy2d, x2d, mean1d, rstd1d, w, dx_dtype, weight_dtype,
-                                                             bias_dtype)
-    else:
-        dx2d, dw, db = cpu.layer_norm_backward(dy2d, x2d, mean1d, rstd1d, w, dx_dtype, weight_dtype, bias_dtype)
+    backward = triton_kernels(__package__).layer_norm_backward if impl == "triton" else cpu.layer_norm_backward
+    dx2d, dw, db = backward(dy2d, x2d, mean1d, rstd1d, w, dx_dtype, weight_dtype, bias_dtype)
     IMPL_CALLS[_BWD_KEY[impl]] += 1
     # normalized_shape is non-empty (checked above); unpacked, see _fastlayernorm_impl.
     return dx2d.reshape_as(x), dw.reshape(*normalized_shape), db.reshape(*normalized_shape)

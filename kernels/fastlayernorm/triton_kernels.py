@@ -1,4 +1,4 @@
-"""Triton LayerNorm kernels and their launchers, on 2-D contiguous row-major tensors [rows, cols].
+"""Triton LayerNorm kernels and their launchers, on contiguous tensors whose rows are the last dim.
 
 Forward, one program per row, returns y and the per-row mean and rstd (fp32) that backward reuses:
 - row kernel (cols <= MAX_FUSED_COLS_FWD): the row stays in registers: one read of x, one write of y;
@@ -15,6 +15,8 @@ This module imports triton at import time; import it only when triton is install
 TRITON_INTERPRET=1 (set before triton is first imported) the kernels also run on CPU tensors, for tests.
 """
 
+
+import functools
 
 import torch
 import triton
@@ -189,9 +191,10 @@ def _num_warps(block: int) -> int:
     return 16
 
 
-def _check_2d(name: str, t: torch.Tensor) -> None:
-    if t.dim() != 2 or not t.is_contiguous():
-        raise ValueError(f"{name} must be a 2-D contiguous tensor, got shape {tuple(t.shape)} strides {t.stride()}")
+def _check_rows(name: str, t: torch.Tensor) -> None:
+    if t.dim() == 0 or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous tensor of at least one dim, got shape {tuple(t.shape)} "
+                         f"strides {t.stride()}")
     if t.dtype not in KERNEL_DTYPES:
         raise TypeError(f"{name}: Triton LayerNorm supports {KERNEL_DTYPES}, got {t.dtype}")
 
@@ -210,78 +213,86 @@ def _check_out_dtype(name: str, dtype: torch.dtype) -> None:
         raise TypeError(f"{name}: Triton LayerNorm writes {KERNEL_DTYPES}, got {dtype}")
 
 
-def layer_norm_forward(x2d: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
                        out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """LayerNorm over the last dim of a 2-D contiguous [rows, cols]; weight and bias are [cols] or None.
+    """LayerNorm over the last dim of a contiguous tensor: [rows, cols], or any shape whose last dim is the row (the
+    hidden states as they come, with no view on the host); weight and bias are [cols] or None.
 
     Reads every operand in its own dtype (fp32/bf16/fp16), computes in fp32, writes y as `out_dtype`.
-    Returns (y [rows, cols], mean [rows] fp32, rstd [rows] fp32); empty inputs return without a launch.
+    Returns (y of x's shape, mean and rstd of x.shape[:-1] in fp32); empty inputs return without a launch.
     """
-    _check_2d("x2d", x2d)
-    rows, cols = x2d.shape
+    _check_rows("x", x)
+    cols = x.shape[-1]
     _check_param("weight", weight, cols)
     _check_param("bias", bias, cols)
     _check_out_dtype("out_dtype", out_dtype)
-    y2d = torch.empty((rows, cols), dtype=out_dtype, device=x2d.device)
-    mean = torch.empty((rows,), dtype=torch.float32, device=x2d.device)
-    rstd = torch.empty((rows,), dtype=torch.float32, device=x2d.device)
+    # empty_like: about half the host time of torch.empty(shape, dtype=, device=) per call.
+    y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
+    batch = x.shape[:-1]
+    mean = torch.empty(batch, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(batch, dtype=torch.float32, device=x.device)
+    rows = mean.numel()
     if rows == 0 or cols == 0:
-        return y2d, mean.fill_(float("nan")), rstd.fill_(float("nan"))
-    # An absent weight or bias is never loaded (HAS_* is a compile-time False); x2d stands in for the pointer.
-    w = weight if weight is not None else x2d
-    b = bias if bias is not None else x2d
+        return y, mean.fill_(float("nan")), rstd.fill_(float("nan"))
+    # An absent weight or bias is never loaded (HAS_* is a compile-time False); x stands in for the pointer.
+    w = weight if weight is not None else x
+    b = bias if bias is not None else x
     flags = {"HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None}
     if cols <= MAX_FUSED_COLS_FWD:
         block = triton.next_power_of_2(cols)
-        launch(_layernorm_fwd_row_kernel, (rows,), x2d, w, b, y2d, mean, rstd, cols, eps, **flags, BLOCK=block,
+        launch(_layernorm_fwd_row_kernel, (rows,), x, w, b, y, mean, rstd, cols, eps, **flags, BLOCK=block,
                num_warps=_num_warps(block))
     else:
-        launch(_layernorm_fwd_looped_kernel, (rows,), x2d, w, b, y2d, mean, rstd, cols, eps, **flags, BLOCK=LOOP_BLOCK,
+        launch(_layernorm_fwd_looped_kernel, (rows,), x, w, b, y, mean, rstd, cols, eps, **flags, BLOCK=LOOP_BLOCK,
                num_warps=LOOP_WARPS)
-    return y2d, mean, rstd
+    return y, mean, rstd
 
 
-def layer_norm_backward(dy2d: torch.Tensor, x2d: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
                         weight: torch.Tensor | None, dx_dtype: torch.dtype, weight_dtype: torch.dtype,
                         bias_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx [rows, cols] as `dx_dtype`, dweight [cols] as `weight_dtype`, dbias [cols] as `bias_dtype`).
+    """(dx of x's shape as `dx_dtype`, dweight [cols] as `weight_dtype`, dbias [cols] as `bias_dtype`).
 
-    dy2d and x2d are 2-D contiguous of the same shape; mean and rstd are the forward's fp32 [rows] statistics.
-    dweight and dbias are always computed (a LayerNorm without them just discards them).
+    dy and x are contiguous of the same shape, rows along the last dim; mean and rstd are the forward's contiguous
+    fp32 statistics, one per row (x.shape[:-1] or flat). dweight and dbias are always computed (a LayerNorm without
+    them just discards them).
     """
-    _check_2d("dy2d", dy2d)
-    _check_2d("x2d", x2d)
-    if dy2d.shape != x2d.shape:
-        raise ValueError(f"dy2d {tuple(dy2d.shape)} and x2d {tuple(x2d.shape)} must have the same shape")
-    rows, cols = x2d.shape
+    _check_rows("dy", dy)
+    _check_rows("x", x)
+    if dy.shape != x.shape:
+        raise ValueError(f"dy {tuple(dy.shape)} and x {tuple(x.shape)} must have the same shape")
+    cols = x.shape[-1]
+    rows = x.numel() // cols if cols else 0
     _check_param("weight", weight, cols)
     for name, stats in (("mean", mean), ("rstd", rstd)):
-        if stats.shape != (rows,) or stats.dtype != torch.float32 or not stats.is_contiguous():
-            raise ValueError(f"{name} must be contiguous fp32 [{rows}], got {stats.dtype} {tuple(stats.shape)}")
+        if stats.numel() != rows or stats.dtype != torch.float32 or not stats.is_contiguous():
+            raise ValueError(f"{name} must be contiguous fp32 with {rows} values, got {stats.dtype} "
+                             f"{tuple(stats.shape)}")
     _check_out_dtype("dx_dtype", dx_dtype)
-    dx2d = torch.empty((rows, cols), dtype=dx_dtype, device=x2d.device)
+    dx = torch.empty_like(x, dtype=dx_dtype, memory_format=torch.contiguous_format)
     if rows == 0 or cols == 0:
-        zeros = torch.zeros((cols,), dtype=torch.float32, device=x2d.device)
-        return dx2d, zeros.to(weight_dtype), zeros.to(bias_dtype)
-    programs = min(rows, _bwd_programs(x2d.device))
+        zeros = torch.zeros((cols,), dtype=torch.float32, device=x.device)
+        return dx, zeros.to(weight_dtype), zeros.to(bias_dtype)
+    programs = min(rows, _bwd_programs(x.get_device()))
     # Zeroed: the looped kernel accumulates into its buffer row; the row kernel overwrites it.
-    dw_part = torch.zeros((programs, cols), dtype=torch.float32, device=x2d.device)
-    db_part = torch.zeros((programs, cols), dtype=torch.float32, device=x2d.device)
-    w = weight if weight is not None else x2d
+    dw_part = torch.zeros((programs, cols), dtype=torch.float32, device=x.device)
+    db_part = torch.zeros((programs, cols), dtype=torch.float32, device=x.device)
+    w = weight if weight is not None else x
     if cols <= MAX_FUSED_COLS_BWD:
         block = triton.next_power_of_2(cols)
-        launch(_layernorm_bwd_row_kernel, (programs,), dy2d, x2d, w, mean, rstd, dx2d, dw_part, db_part, rows, cols,
+        launch(_layernorm_bwd_row_kernel, (programs,), dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols,
                HAS_WEIGHT=weight is not None, BLOCK=block,
                num_warps=_num_warps(block))
     else:
-        launch(_layernorm_bwd_looped_kernel, (programs,), dy2d, x2d, w, mean, rstd, dx2d, dw_part, db_part, rows, cols,
+        launch(_layernorm_bwd_looped_kernel, (programs,), dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols,
                HAS_WEIGHT=weight is not None, BLOCK=LOOP_BLOCK,
                num_warps=LOOP_WARPS)
     # The cross-program reduction: [programs, cols] fp32 partials, summed over programs.
-    return dx2d, dw_part.sum(dim=0).to(weight_dtype), db_part.sum(dim=0).to(bias_dtype)
+    return dx, dw_part.sum(dim=0).to(weight_dtype), db_part.sum(dim=0).to(bias_dtype)
 
 
-def _bwd_programs(device: torch.device) -> int:
-    if device.type == "cuda":
-        return BWD_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+@functools.cache  # per device index (-1: the CPU), so each backward call does not ask CUDA for the SM count
+def _bwd_programs(device_index: int) -> int:
+    if device_index >= 0:
+        return BWD_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device_index).multi_processor_count
     return BWD_PROGRAMS_INTERPRETER  # the interpreter runs programs one after another: few is fastest

@@ -149,7 +149,7 @@ def softmax_forward(x2d: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     _check_rows("x2d", x2d)
     _check_out_dtype("out_dtype", out_dtype)
     cols = x2d.shape[-1]
-    y2d = torch.empty(x2d.shape, dtype=out_dtype, device=x2d.device)
+    y2d = torch.empty_like(x2d, dtype=out_dtype, memory_format=torch.contiguous_format)
     rows = x2d.numel() // cols if cols else 0
     if rows == 0:
         return y2d
@@ -172,7 +172,7 @@ def softmax_backward(dy2d: torch.Tensor, y2d: torch.Tensor, dx_dtype: torch.dtyp
     if dy2d.shape != y2d.shape:
         raise ValueError(f"dy2d {tuple(dy2d.shape)} and y2d {tuple(y2d.shape)} must have the same shape")
     cols = y2d.shape[-1]
-    dx2d = torch.empty(y2d.shape, dtype=dx_dtype, device=y2d.device)
+    dx2d = torch.empty_like(y2d, dtype=dx_dtype, memory_format=torch.contiguous_format)
     rows = y2d.numel() // cols if cols else 0
     if rows == 0:
         return dx2d

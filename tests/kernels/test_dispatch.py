@@ -17,7 +17,7 @@ def op(request):
 
 def test_cuda_without_triton_raises_instead_of_falling_back(op, monkeypatch):
     monkeypatch.setattr(op, "TRITON_AVAILABLE", False)
-    fake_cuda = types.SimpleNamespace(device=torch.device("cuda"))  # no GPU needed to reach the dispatch check
+    fake_cuda = types.SimpleNamespace(is_cuda=True, device=torch.device("cuda"))  # no GPU needed to reach the check
     with pytest.raises(RuntimeError, match="refusing to fall back"):
         op._choose_impl(fake_cuda)
 

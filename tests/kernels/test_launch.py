@@ -117,6 +117,47 @@ def test_the_triton_softmax_takes_rows_along_the_last_dim_of_any_shape():
 
 
 @needs_interpreter
+def test_the_triton_layernorm_takes_rows_along_the_last_dim_of_any_shape():
+    kernels = triton_kernels(layernorm_op.__package__)
+    x, w, b = torch.randn(2, 3, 20), torch.randn(20), torch.randn(20)
+    y, mean, rstd = kernels.layer_norm_forward(x, w, b, 1e-5, torch.float32)
+    assert y.shape == x.shape and y.is_contiguous() and mean.shape == rstd.shape == (2, 3)
+    torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, (20,), w, b), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mean, x.mean(-1))
+    dy = torch.randn_like(x)
+    dx, dw, db = kernels.layer_norm_backward(dy, x, mean, rstd, w, torch.float32, torch.float32, torch.float32)
+    flat = kernels.layer_norm_backward(dy.view(6, 20), x.view(6, 20), mean.view(6), rstd.view(6), w, torch.float32,
+                                       torch.float32, torch.float32)
+    assert dx.shape == x.shape
+    for got, expected in zip((dx.view(6, 20), dw, db), flat):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)  # the same programs over the same memory
+    _, mean1, _ = kernels.layer_norm_forward(torch.randn(20), None, None, 1e-5, torch.float32)
+    assert mean1.shape == ()  # one row: 0-d statistics, as the op's
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.layer_norm_forward(x.transpose(0, 1), w, b, 1e-5, torch.float32)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("shape,normalized_shape,view", [
+    ((7,), [7], None), ((2, 3, 5), [5], None), ((2, 3, 4, 6), [4, 6], None), ((0, 8), [8], None),
+    ((8, 5), [8], lambda t: t.t())], ids=["one-row", "3d", "two-dims", "empty", "transposed"])
+def test_the_triton_layernorm_route_gives_the_op_its_shapes(shape, normalized_shape, view, monkeypatch):
+    """The Triton route returns the statistics straight from the launcher (no reshape on the common call): their
+    shapes must still be the batch shape the fake kernel promises, for every route through the implementation."""
+    monkeypatch.setenv(layernorm_op.IMPL_ENV, "triton")
+    x = torch.randn(shape)
+    x = view(x) if view else x
+    w = torch.randn(normalized_shape)
+    y, mean, rstd = torch.ops.e2eprof.fastlayernorm(x, normalized_shape, w, None, 1e-5, None)
+    fake = layernorm_op._fastlayernorm_fake(x, normalized_shape, w, None, 1e-5, None)
+    assert [(t.shape, t.dtype) for t in (y, mean, rstd)] == [(t.shape, t.dtype) for t in fake]
+    torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, normalized_shape, w), rtol=1e-5, atol=1e-5)
+    grads = torch.ops.e2eprof.fastlayernorm_backward(torch.ones_like(y), x, mean, rstd, normalized_shape, w,
+                                                     torch.float32, torch.float32, torch.float32)
+    assert [g.shape for g in grads] == [x.shape, w.shape, w.shape]
+
+
+@needs_interpreter
 def test_the_triton_swiglu_walks_any_contiguous_shape_flat():
     kernels = triton_kernels(swiglu_op.__package__)
     gate, up = torch.randn(2, 3, 50), torch.randn(2, 3, 50)
