@@ -17,6 +17,7 @@ TRITON_INTERPRET=1 (set before triton is first imported) the kernels also run on
 
 
 import functools
+import math
 
 import torch
 import triton
@@ -262,7 +263,7 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, r
     if dy.shape != x.shape:
         raise ValueError(f"dy {tuple(dy.shape)} and x {tuple(x.shape)} must have the same shape")
     cols = x.shape[-1]
-    rows = x.numel() // cols if cols else 0
+    rows = math.prod(x.shape[:-1])  # not numel // cols: cols may be 0
     _check_param("weight", weight, cols)
     for name, stats in (("mean", mean), ("rstd", rstd)):
         if stats.numel() != rows or stats.dtype != torch.float32 or not stats.is_contiguous():

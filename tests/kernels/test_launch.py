@@ -140,7 +140,8 @@ def test_the_triton_layernorm_takes_rows_along_the_last_dim_of_any_shape():
 @needs_interpreter
 @pytest.mark.parametrize("shape,normalized_shape,view", [
     ((7,), [7], None), ((2, 3, 5), [5], None), ((2, 3, 4, 6), [4, 6], None), ((0, 8), [8], None),
-    ((8, 5), [8], lambda t: t.t())], ids=["one-row", "3d", "two-dims", "empty", "transposed"])
+    ((5, 0), [0], None), ((8, 5), [8], lambda t: t.t())],
+    ids=["one-row", "3d", "two-dims", "empty", "zero-width", "transposed"])
 def test_the_triton_layernorm_route_gives_the_op_its_shapes(shape, normalized_shape, view, monkeypatch):
     """The Triton route returns the statistics straight from the launcher (no reshape on the common call): their
     shapes must still be the batch shape the fake kernel promises, for every route through the implementation."""
