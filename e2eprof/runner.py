@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from e2eprof import candidates as cand
 from e2eprof import startup
 from e2eprof.tables import reports
 from e2eprof.harness import compile_cache, isolation
+from e2eprof.harness import scratch as scratch_folder
 from e2eprof.harness import worker_output
 from e2eprof.analysis.judge import judge, write_judgement
 from e2eprof.signoff import document as verdict_document
@@ -246,7 +246,10 @@ def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = Fa
         events("phase", name="resume", detail=f"{len(prior.units)} finished unit(s) kept: {', '.join(sorted(prior.units)) or 'none'}")
     state.flush()
     arms = _arms(config, attn)
-    scratch = Path(tempfile.mkdtemp(prefix="e2eprof-scratch-"))
+    scratch, orphans = scratch_folder.create()
+    if orphans:
+        events("phase", name="scratch", detail=f"removed {len(orphans)} scratch folder(s) of killed runs: "
+                                               f"{', '.join(str(p) for p in orphans)}")
     run_row["points_json"] = reports.to_json([p.columns() for p in config.points])
     try:
         with recording_status(run_row):
