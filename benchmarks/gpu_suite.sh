@@ -10,7 +10,8 @@
 #                  benchmarks/self_benchmark.py --part PART; aa and sensitivity append to the tables in
 #                  $RESULTS (default OUT_DIR/self-benchmark): point RESULTS at reports/self-benchmark-h200 to add runs;
 #                  SELF_BENCHMARK_EXTRA adds options, e.g. "--workload decode --runs 14 --deadline 500" with
-#                  RESULTS=reports/self-benchmark-h200-decode, or "--model llama-1b --batch 4 --workload infer"
+#                  RESULTS=reports/self-benchmark-h200-decode, or "--model llama-1b --batch 4 --workload infer";
+#                  "--workload train,infer,decode" measures the three default workloads in each run (a row each)
 #   results-table  every built-in kernel with both stock references (sdpa, compile), train and infer:
 #                  gpt2 fusedsoftmax, fastgelu, fastlayernorm; llama-1b rmsnorm, swiglu at batch 4
 #   sweep          gpt2 fastsoftmax train over batch 1,4,8 x seq 256,1024 x bf16,fp32

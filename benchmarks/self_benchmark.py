@@ -90,6 +90,10 @@ class Settings:
                 args += [flag, str(value)]
         return args
 
+    def workloads(self) -> list[str]:
+        """The workloads --workload names (one, or several comma-separated)."""
+        return [w.strip() for w in self.workload.split(",") if w.strip()]
+
     def options(self) -> str:
         """The passed-through options as text: rows measured with different options are not mixed."""
         return " ".join(self.passthrough())
@@ -160,10 +164,12 @@ def _in_process(args: list[str], log, env: dict) -> int:
                 os.environ[k] = v
 
 
-def signed_row(run_dir: Path) -> pd.Series:
-    """The summary row that carries the verdict: the patched arm, or the second baseline of an A/A run."""
+def signed_row(run_dir: Path, workload: str | None = None) -> pd.Series:
+    """The summary row that carries the verdict (the patched arm, or the second baseline of an A/A run), of WORKLOAD
+    in a run of several."""
     summary = RunDir(run_dir).read("summary")
-    return summary[summary.verdict.notna()].iloc[0]
+    signed = summary[summary.verdict.notna()]
+    return (signed if workload is None else signed[signed.workload == workload]).iloc[0]
 
 
 def verdict_columns(row: pd.Series) -> dict:
@@ -188,7 +194,12 @@ def failed_row(result: RunResult) -> dict:
 # ---- the parts ----------------------------------------------------------------------------------------------------
 
 def part_aa(s: Settings, first: int) -> list[dict]:
-    """A/A calibration runs, each its own `e2eprof calibrate` (fresh processes); seed = run index."""
+    """A/A calibration runs, each its own `e2eprof calibrate` (fresh processes); seed = run index.
+
+    --workload may name several (train,infer,decode: what the default compare runs): each run then measures them
+    all in the same processes, as a default run does, and gives one row per workload. Runs stay independent of each
+    other, so each workload's false-alarm rate is still counted over independent runs, at a third of the device time.
+    """
     rows = []
     budget = [] if s.budget is None else ["--budget", str(s.budget)]
     for i in range(first, first + s.runs):
@@ -196,13 +207,14 @@ def part_aa(s: Settings, first: int) -> list[dict]:
             break
         result = run_e2eprof(["calibrate", "--model", s.model, "--workload", s.workload, "--seed", str(i),
                               *s.passthrough(), *budget], s.out / "runs" / f"aa-{i:03d}")
-        # The process-noise floor this run was judged with (e2eprof's default for the workload), so a floor set from
-        # earlier runs is checked only on runs made under it.
-        row = {"run": i, "noise_floor": s.resolved().noise_floor(s.workload)} | failed_row(result)
-        if not result.error:
-            row |= verdict_columns(signed_row(result.run_dir))
-            row["baseline_median_ms"] = baseline_median_ms(result.run_dir, s.workload)
-        rows.append(row)
+        for workload in s.workloads():
+            # The process-noise floor this run was judged with (e2eprof's default for the workload), so a floor set
+            # from earlier runs is checked only on runs made under it.
+            row = {"run": i, "workload": workload, "noise_floor": s.resolved().noise_floor(workload)} | failed_row(result)
+            if not result.error:
+                row |= verdict_columns(signed_row(result.run_dir, workload))
+                row["baseline_median_ms"] = baseline_median_ms(result.run_dir, workload)
+            rows.append(row)
     return rows
 
 
@@ -711,14 +723,29 @@ def write(part: str, new_rows: list[dict], s: Settings, keep_old: bool) -> pd.Da
     workload = s.workload if part != "cost" or s.workload_given else "all"
     stamp = versions(s.device) | {"model": s.model, "workload": workload, "e2eprof_options": s.options(),
                                   "self_benchmark_command": s.command}
-    frame = pd.DataFrame([r | stamp for r in new_rows])
+    frame = pd.DataFrame([stamp | r for r in new_rows])  # a row's own workload (an A/A run of several) wins
     if keep_old and path.exists():
         frame = pd.concat([pd.read_parquet(path), frame], ignore_index=True)
     frame.to_parquet(path, index=False)
-    defaults = s.resolved()
-    (s.out / f"{part}.md").write_text(markdown(part, frame, defaults.noise_floor(s.workload), defaults.replicas,
-                                               defaults.process_noise))
+    (s.out / f"{part}.md").write_text(markdown_by_workload(part, frame, s.resolved()))
     return frame
+
+
+def markdown_by_workload(part: str, frame: pd.DataFrame, defaults: DeviceDefaults) -> str:
+    """The part's markdown; a table of several workloads (A/A runs over train, infer and decode at once) gets one
+    section per workload, each judged with that workload's own floor."""
+    workloads = list(frame.workload.dropna().unique()) if "workload" in frame else []
+    if len(workloads) <= 1:
+        workload = workloads[0] if workloads else "train"
+        return markdown(part, frame, defaults.noise_floor(workload), defaults.replicas, defaults.process_noise)
+    sections = [f"## {part}", "",
+                f"Runs over {', '.join(workloads)} at once: one row per run and workload, each workload judged on its "
+                "own below.", ""]
+    for workload in workloads:
+        text = markdown(part, frame[frame.workload == workload], defaults.noise_floor(workload), defaults.replicas,
+                        defaults.process_noise)
+        sections.append(text.replace(f"## {part}\n", f"### {part}: {workload}\n", 1))
+    return "\n".join(sections)
 
 
 def first_run_index(s: Settings, part: str) -> int:
@@ -739,7 +766,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     # 40 blocks x 5 steps of a ~93 ms H200 step: ~1 min, enough to resolve 0.5% from the interval, not the estimate.
     p.add_argument("--blocks", type=int, default=40, help="overhead: blocks of each condition")
     p.add_argument("--model", default="gpt2")
-    p.add_argument("--workload", help="train (default) or infer; the cost part runs all workloads unless given")
+    p.add_argument("--workload", help="train (default), infer, decode or generate; aa and cost take several, "
+                   "comma-separated (aa: one row per run and workload); the cost part runs all workloads unless given")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--deadline", type=float, default=540.0, help="seconds after which no new run starts")
@@ -766,6 +794,8 @@ def main(argv: list[str]) -> int:
             raise UsageError(f"--levels: comma-separated fractions such as 0.01,0.02, got {a.levels!r}") from None
         if not all(0 < x < 1 for x in levels):
             raise UsageError(f"--levels: fractions between 0 and 1, got {a.levels!r}")
+        if a.workload is not None and "," in a.workload and a.part not in ("aa", "cost"):
+            raise UsageError(f"--workload: the {a.part} part measures one workload, got {a.workload!r}")
         a.out.mkdir(parents=True, exist_ok=True)
         s = Settings(model=a.model, workload=a.workload or "train", workload_given=a.workload is not None, device=resolve_device(a.device), out=a.out, runs=a.runs,
                      deadline_s=a.deadline, steps=a.steps, block_steps=a.block_steps, batch=a.batch, seq=a.seq,

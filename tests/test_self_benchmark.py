@@ -103,6 +103,22 @@ def test_aa_runs_calibrate_and_records_each_run(out):
     assert table.source.iloc[0] == stamp and f"source {stamp}" in text
 
 
+def test_aa_over_several_workloads_gives_a_row_per_run_and_workload(tmp_path):
+    # What the GPU figures use: one calibrate over the default workloads per run, each workload judged on its own.
+    run_part(tmp_path, "--part", "aa", "--runs", "1", "--workload", "train,decode", *TINY)
+    table = pd.read_parquet(tmp_path / "aa.parquet")
+    assert table.workload.tolist() == ["train", "decode"] and table.run.tolist() == [0, 0]
+    assert (table.error == "").all() and table.verdict.notna().all() and (table.baseline_median_ms > 0).all()
+    assert table.command.iloc[0].startswith("python3 -m e2eprof calibrate --model gpt2-tiny --workload train,decode")
+    # the two rows are the two workloads' own verdict rows, not one row twice
+    summary = pd.read_parquet(tmp_path / "runs" / "aa-000" / "summary.parquet")
+    signed = summary[summary.verdict.notna()].set_index("workload")
+    assert table.set_index("workload").speedup.to_dict() == signed.speedup_vs_baseline.to_dict()
+    text = (tmp_path / "aa.md").read_text()
+    assert text.startswith("## aa\n") and "### aa: train\n" in text and "### aa: decode\n" in text
+    assert text.count("- measured: ") == 2
+
+
 def test_source_stamp_changes_with_the_measuring_code(tmp_path):
     sb = load_module()
     for folder in sb.SOURCE_FOLDERS:
@@ -177,6 +193,7 @@ def test_agreement_needs_cuda_and_says_so(out):
 @pytest.mark.parametrize(("args", "message"), [
     (["--part", "sensitivity", "--levels", "two"], "error: --levels"),
     (["--part", "aa", "--reference", "sdpa"], "error: --reference: only the cost part"),  # aa sets its own arms
+    (["--part", "sensitivity", "--workload", "train,decode"], "error: --workload: the sensitivity part measures one"),
 ])
 def test_bad_options_are_a_usage_error(out, args, message):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
