@@ -734,10 +734,9 @@ def write(part: str, new_rows: list[dict], s: Settings, keep_old: bool) -> pd.Da
 def markdown_by_workload(part: str, frame: pd.DataFrame, defaults: DeviceDefaults) -> str:
     """The part's markdown; a table of several workloads (A/A runs over train, infer and decode at once) gets one
     section per workload, each judged with that workload's own floor."""
-    workloads = list(frame.workload.dropna().unique()) if "workload" in frame else []
-    if len(workloads) <= 1:
-        workload = workloads[0] if workloads else "train"
-        return markdown(part, frame, defaults.noise_floor(workload), defaults.replicas, defaults.process_noise)
+    workloads = list(frame.workload.unique())  # write() stamps every row with one
+    if len(workloads) == 1:
+        return markdown(part, frame, defaults.noise_floor(workloads[0]), defaults.replicas, defaults.process_noise)
     sections = [f"## {part}", "",
                 f"Runs over {', '.join(workloads)} at once: one row per run and workload, each workload judged on its "
                 "own below.", ""]
