@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import launch
+from .._launch import launch, cdiv
 
 # Globals used inside @triton.jit must be constexpr.
 SQRT_2_OVER_PI = tl.constexpr(math.sqrt(2.0 / math.pi))
@@ -124,7 +124,7 @@ def gelu_forward(x1d: torch.Tensor, out_dtype: torch.dtype, approximate: str = "
     y1d = torch.empty_like(x1d, dtype=out_dtype, memory_format=torch.contiguous_format)
     if n == 0:
         return y1d
-    grid = (triton.cdiv(n, ELEMENTS_PER_PROGRAM),)
+    grid = (cdiv(n, ELEMENTS_PER_PROGRAM),)
     launch(fwd_kernel, grid, x1d, y1d, n, BLOCK=ELEMENTS_PER_PROGRAM, num_warps=NUM_WARPS)
     return y1d
 
@@ -142,6 +142,6 @@ def gelu_backward(dy1d: torch.Tensor, x1d: torch.Tensor, dx_dtype: torch.dtype, 
     dx1d = torch.empty_like(x1d, dtype=dx_dtype, memory_format=torch.contiguous_format)
     if n == 0:
         return dx1d
-    grid = (triton.cdiv(n, ELEMENTS_PER_PROGRAM),)
+    grid = (cdiv(n, ELEMENTS_PER_PROGRAM),)
     launch(bwd_kernel, grid, dy1d, x1d, dx1d, n, BLOCK=ELEMENTS_PER_PROGRAM, num_warps=NUM_WARPS)
     return dx1d

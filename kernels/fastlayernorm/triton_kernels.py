@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import launch
+from .._launch import launch, next_power_of_2
 
 # Longest row held in registers by one program: forward holds x, weight and bias per lane, backward five vectors
 # (dy, x, weight and two partial sums), so its limit is lower.
@@ -240,7 +240,7 @@ def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch
     b = bias if bias is not None else x
     flags = {"HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None}
     if cols <= MAX_FUSED_COLS_FWD:
-        block = triton.next_power_of_2(cols)
+        block = next_power_of_2(cols)
         launch(_layernorm_fwd_row_kernel, (rows,), x, w, b, y, mean, rstd, cols, eps, **flags, BLOCK=block,
                num_warps=_num_warps(block))
     else:
@@ -280,7 +280,7 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, r
     db_part = torch.zeros((programs, cols), dtype=torch.float32, device=x.device)
     w = weight if weight is not None else x
     if cols <= MAX_FUSED_COLS_BWD:
-        block = triton.next_power_of_2(cols)
+        block = next_power_of_2(cols)
         launch(_layernorm_bwd_row_kernel, (programs,), dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols,
                HAS_WEIGHT=weight is not None, BLOCK=block,
                num_warps=_num_warps(block))

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import launch
+from .._launch import launch, next_power_of_2
 
 # Longest row held in registers by one program. Backward holds two operands (dy, y) per lane, so its limit is half.
 MAX_FUSED_COLS_FWD = 16384
@@ -154,7 +154,7 @@ def softmax_forward(x2d: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     if rows == 0:
         return y2d
     if cols <= MAX_FUSED_COLS_FWD:
-        block = triton.next_power_of_2(cols)
+        block = next_power_of_2(cols)
         launch(_softmax_fwd_row_kernel, (rows,), x2d, y2d, cols, BLOCK=block, num_warps=_num_warps(block))
     else:
         launch(_softmax_fwd_looped_kernel, (rows,), x2d, y2d, cols, BLOCK=LOOP_BLOCK, num_warps=LOOP_WARPS)
@@ -177,7 +177,7 @@ def softmax_backward(dy2d: torch.Tensor, y2d: torch.Tensor, dx_dtype: torch.dtyp
     if rows == 0:
         return dx2d
     if cols <= MAX_FUSED_COLS_BWD:
-        block = triton.next_power_of_2(cols)
+        block = next_power_of_2(cols)
         launch(_softmax_bwd_row_kernel, (rows,), dy2d, y2d, dx2d, cols, BLOCK=block, num_warps=_num_warps(block))
     else:
         launch(_softmax_bwd_looped_kernel, (rows,), dy2d, y2d, dx2d, cols, BLOCK=LOOP_BLOCK, num_warps=LOOP_WARPS)

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import launch
+from .._launch import launch, next_power_of_2
 
 # Longest row held in registers by one program; backward holds two operands per lane, so its limit is half.
 MAX_FUSED_COLS_FWD = 16384
@@ -169,7 +169,7 @@ def fused_softmax_forward(scores: torch.Tensor, mask: torch.Tensor | None, scale
     # Any valid pointer works when HAS_MASK is False: the kernel never reads it.
     mask_arg = mask if mask is not None else scores
     if S <= MAX_FUSED_COLS_FWD:
-        block = triton.next_power_of_2(S)
+        block = next_power_of_2(S)
         launch(_fusedsoftmax_fwd_row_kernel, (rows,), scores, mask_arg, y, S, H, T, scale, *strides,
                HAS_MASK=mask is not None, BLOCK=block, num_warps=_num_warps(block))
     else:
@@ -197,7 +197,7 @@ def fused_softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, scale: flo
     if rows == 0:
         return dx
     if cols <= MAX_FUSED_COLS_BWD:
-        block = triton.next_power_of_2(cols)
+        block = next_power_of_2(cols)
         launch(_fusedsoftmax_bwd_row_kernel, (rows,), grad_out, out, dx, cols, scale, BLOCK=block,
                num_warps=_num_warps(block))
     else:

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import launch
+from .._launch import launch, next_power_of_2, cdiv
 
 # Longest row one program holds in registers: 64K fp32 values over 16 warps is 128 per thread, the practical limit.
 MAX_COLS = 65536
@@ -96,7 +96,7 @@ def rmsnorm_forward(x2d: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
     y2d = torch.empty((rows, cols), dtype=torch.promote_types(x2d.dtype, weight.dtype), device=x2d.device)
     if rows == 0 or cols == 0:
         return y2d
-    block = triton.next_power_of_2(cols)
+    block = next_power_of_2(cols)
     launch(_rmsnorm_fwd_kernel, (rows,), x2d, weight, y2d, cols, eps, BLOCK=block, num_warps=_num_warps(block))
     return y2d
 
@@ -113,10 +113,10 @@ def rmsnorm_backward(dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor
     if rows == 0 or cols == 0:
         return dx2d, torch.zeros(cols, dtype=weight.dtype, device=weight.device)
     programs = _backward_programs(rows, x2d.device)
-    rows_per_program = triton.cdiv(rows, programs)
-    programs = triton.cdiv(rows, rows_per_program)  # no idle program writes a partial row
+    rows_per_program = cdiv(rows, programs)
+    programs = cdiv(rows, rows_per_program)  # no idle program writes a partial row
     dw_partial = torch.empty((programs, cols), dtype=torch.float32, device=x2d.device)  # (P, cols)
-    block = triton.next_power_of_2(cols)
+    block = next_power_of_2(cols)
     launch(_rmsnorm_bwd_kernel, (programs,), dy2d, x2d, weight, dx2d, dw_partial, rows, cols, rows_per_program, eps,
            BLOCK=block, num_warps=_num_warps(block))
     return dx2d, dw_partial.sum(dim=0).to(weight.dtype)

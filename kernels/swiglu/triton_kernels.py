@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import launch
+from .._launch import launch, cdiv
 
 # 1024 elements over 4 warps: 8 per thread, enough bytes in flight per thread for a streaming kernel.
 BLOCK = 1024
@@ -69,7 +69,7 @@ def swiglu_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     y = torch.empty_like(gate, dtype=torch.promote_types(gate.dtype, up.dtype))
     n = gate.numel()
     if n:
-        launch(_swiglu_fwd_kernel, (triton.cdiv(n, BLOCK),), gate, up, y, n, BLOCK=BLOCK, num_warps=NUM_WARPS)
+        launch(_swiglu_fwd_kernel, (cdiv(n, BLOCK),), gate, up, y, n, BLOCK=BLOCK, num_warps=NUM_WARPS)
     return y
 
 
@@ -79,6 +79,6 @@ def swiglu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> t
     dgate, dup = torch.empty_like(gate), torch.empty_like(up)
     n = gate.numel()
     if n:
-        launch(_swiglu_bwd_kernel, (triton.cdiv(n, BLOCK),), dy, gate, up, dgate, dup, n, BLOCK=BLOCK,
+        launch(_swiglu_bwd_kernel, (cdiv(n, BLOCK),), dy, gate, up, dgate, dup, n, BLOCK=BLOCK,
                num_warps=NUM_WARPS)
     return dgate, dup

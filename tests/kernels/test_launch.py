@@ -237,3 +237,14 @@ def test_a_double_backward_is_still_refused_on_the_direct_path():
     y = softmax_op.fastsoftmax(x)
     with pytest.raises(RuntimeError, match="not differentiable"):  # as through the op: at the first backward
         torch.autograd.grad((y * torch.linspace(-1, 1, 15).reshape(3, 5)).sum(), x, create_graph=True)
+
+
+@pytest.mark.skipif(not TRITON_AVAILABLE, reason="needs triton")
+def test_host_next_power_of_2_and_cdiv_equal_tritons():
+    import triton
+
+    for n in [*range(0, 4100), 65535, 65536, 65537, 2**31 - 1, 2**31, 2**40 + 3]:
+        assert launch_module.next_power_of_2(n) == triton.next_power_of_2(n), n
+    for a in [0, 1, 2, 63, 64, 65, 1000, 2**31 + 5]:
+        for b in [1, 2, 3, 64, 1024]:
+            assert launch_module.cdiv(a, b) == triton.cdiv(a, b), (a, b)
