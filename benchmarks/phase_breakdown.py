@@ -46,9 +46,17 @@ def compile_first_steps(run: Path) -> float:
     return float(cold.wall_ns.sum() / 1e9) if len(cold) else math.nan
 
 
+def _rank(label: str) -> int:
+    phase = label.split(" (")[0]
+    return ORDER.index(phase) if phase in ORDER else len(ORDER)
+
+
 def table(runs: list[Path], by_workload: bool = False) -> str:
     columns = {run.name: phase_seconds(run, by_workload) for run in runs}
-    frame = pd.DataFrame(columns)
+    # The runs' phases in the run's order: a DataFrame of Series with different phases (an interrupted run has no
+    # "summary and tables") sorts their union alphabetically. The sort is stable, so workloads keep their order.
+    labels = sorted(dict.fromkeys(label for series in columns.values() for label in series.index), key=_rank)
+    frame = pd.DataFrame(columns).reindex(labels)
     head = "| phase |" + "".join(f" {n} s |" for n in columns) + "\n|---|" + "---:|" * len(columns) + "\n"
 
     def cells(values):

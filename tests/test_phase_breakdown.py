@@ -44,3 +44,19 @@ def test_by_workload_and_a_folder_without_phases():
     assert "| correctness (train) |" in done.stdout and "| correctness (decode) |" in done.stdout
     missing = _run(ROOT / "reports")
     assert missing.returncode == 2 and "no phases.parquet" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_runs_with_different_phases_keep_the_run_order(tmp_path):
+    # An interrupted run has no "summary and tables": the rows must still read in the run's order, not alphabetically.
+    cut = tmp_path / "interrupted"
+    cut.mkdir()
+    phases = pd.read_parquet(GPU_RUN / "phases.parquet")
+    phases[phases.phase != "summary and tables"].to_parquet(cut / "phases.parquet")
+    done = _run(cut, GPU_RUN)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|")[1].strip() for line in done.stdout.splitlines()[2:]]
+    order = [row for row in rows if not row.startswith("**") and not row.startswith("of which")]
+    assert order[0] == "start-up and checks" and order[-1] == "summary and tables", order
+    assert order.index("cold step") < order.index("correctness") < order.index("timing") < order.index("profile")
+    line = next(line for line in done.stdout.splitlines() if line.startswith("| summary and tables |"))
+    assert line.strip("|").split("|")[1].strip() == "-"  # the interrupted run has none
