@@ -23,16 +23,21 @@ ORDER = ("start-up and checks", "start workers and build models", "cold step", "
          "revalidation", "profile", "stop workers", "summary and tables")
 
 
+def _rank(label: str) -> int:
+    """A phase's place in ORDER, for "phase" or "phase (workload)"; unknown phases last."""
+    phase = label.split(" (")[0]
+    return ORDER.index(phase) if phase in ORDER else len(ORDER)
+
+
 def phase_seconds(run: Path, by_workload: bool) -> pd.Series:
     """Seconds per phase of one run, in the order the run goes through them; with by_workload a row per phase and
     workload, labelled "phase (workload)"."""
     phases = RunDir(run).read("phases")
     keys = ["phase", "workload"] if by_workload else ["phase"]
     seconds = phases.groupby(keys, sort=False).seconds.sum()
-    rank = {name: i for i, name in enumerate(ORDER)}
     workloads = {w: i for i, w in enumerate(dict.fromkeys(phases.workload))}
     rows = [(key, "*") if not by_workload else key for key in seconds.index]
-    order = sorted(range(len(rows)), key=lambda i: (rank.get(rows[i][0], len(ORDER)), workloads.get(rows[i][1], 0)))
+    order = sorted(range(len(rows)), key=lambda i: (_rank(rows[i][0]), workloads.get(rows[i][1], 0)))
     labels = [phase if workload == "*" else f"{phase} ({workload})" for phase, workload in rows]
     return pd.Series([seconds.iloc[i] for i in order], index=[labels[i] for i in order])
 
@@ -44,11 +49,6 @@ def compile_first_steps(run: Path) -> float:
     steps = RunDir(run).read("steps")
     cold = steps[(steps.phase == "cold") & (steps.arm == "compile")]
     return float(cold.wall_ns.sum() / 1e9) if len(cold) else math.nan
-
-
-def _rank(label: str) -> int:
-    phase = label.split(" (")[0]
-    return ORDER.index(phase) if phase in ORDER else len(ORDER)
 
 
 def table(runs: list[Path], by_workload: bool = False) -> str:
