@@ -93,7 +93,10 @@ _LIB.define("fastlayernorm_backward(Tensor grad_out, Tensor x, Tensor mean, Tens
 
 def _fastlayernorm_impl(x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
                         bias: Optional[torch.Tensor], eps: float,
-                        out_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        out_dtype: Optional[torch.dtype],
+                        shared: bool = False, keep_stats: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # shared, keep_stats: the Triton launcher's (mean and rstd in one allocation; none at all, then None), for the
+    # direct call only: the op's outputs never alias and always include the statistics.
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_float("out_dtype", out_dtype)
     rows, cols = _rows_cols(x, normalized_shape, weight, bias)
@@ -104,7 +107,7 @@ def _fastlayernorm_impl(x: torch.Tensor, normalized_shape: Sequence[int], weight
         # batch shape, so the common call (one normalized dim, contiguous hidden states) needs no view or reshape:
         # on a GPU host those cost about as much as the launch itself.
         if len(normalized_shape) == 1 and x.is_contiguous():
-            out = triton_kernels(__package__).layer_norm_forward(x, w, b, eps, out_dtype)
+            out = triton_kernels(__package__).layer_norm_forward(x, w, b, eps, out_dtype, shared, keep_stats)
         else:
             y, mean, rstd = triton_kernels(__package__).layer_norm_forward(
                 x.contiguous().reshape(*x.shape[: x.dim() - len(normalized_shape)], cols), w, b, eps, out_dtype)
@@ -135,16 +138,26 @@ def _fastlayernorm_backward_impl(grad_out: torch.Tensor, x: torch.Tensor, mean: 
                                  normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
                                  dx_dtype: torch.dtype, weight_dtype: torch.dtype,
                                  bias_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    rows, cols = _check_backward_args(grad_out, x, mean, rstd, normalized_shape, weight,
-                                      (dx_dtype, weight_dtype, bias_dtype))
+    _check_backward_args(grad_out, x, mean, rstd, normalized_shape, weight, (dx_dtype, weight_dtype, bias_dtype))
+    return _backward(grad_out, x, mean, rstd, normalized_shape, weight, dx_dtype, weight_dtype, bias_dtype)
+
+
+def _backward(grad_out: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+              normalized_shape: Sequence[int], weight: Optional[torch.Tensor], dx_dtype: torch.dtype,
+              weight_dtype: torch.dtype, bias_dtype: torch.dtype,
+              shared: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward on checked arguments: the op's, or the direct call's on what its own forward saved (shared:
+    dweight and dbias may be views of one result, see the Triton launcher)."""
     impl = _choose_impl(x)
+    cols = math.prod(normalized_shape)
     w = _flat_param(weight, cols)
     if impl == "triton" and len(normalized_shape) == 1 and grad_out.is_contiguous() and x.is_contiguous() \
             and mean.is_contiguous() and rstd.is_contiguous():  # as in the forward: no view or reshape
         out = triton_kernels(__package__).layer_norm_backward(grad_out, x, mean, rstd, w, dx_dtype, weight_dtype,
-                                                              bias_dtype)
+                                                              bias_dtype, shared)
         IMPL_CALLS["triton.bwd"] += 1
         return out
+    rows = mean.numel()
     dy2d = grad_out.contiguous().reshape(rows, cols)  # (R, C)
     x2d = x.contiguous().reshape(rows, cols)  # (R, C)
     mean1d, rstd1d = mean.contiguous().reshape(rows), rstd.contiguous().reshape(rows)  # (R,)
@@ -187,38 +200,73 @@ _FWD_OP = torch.ops.e2eprof.fastlayernorm.default
 _BWD_OP = torch.ops.e2eprof.fastlayernorm_backward.default
 
 
+def _save_for_backward(ctx, x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
+                       bias: Optional[torch.Tensor], mean: torch.Tensor, rstd: torch.Tensor) -> None:
+    ctx.save_for_backward(x, weight, mean, rstd)
+    # One attribute, not five: each ctx attribute is a Python setattr per call. Gradients have their tensor's dtype;
+    # an absent parameter's (discarded) gradient takes x's.
+    ctx.meta = (normalized_shape, weight is not None, bias is not None,
+                weight.dtype if weight is not None else x.dtype, bias.dtype if bias is not None else x.dtype)
+
+
+def _gradients(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """(dx, dweight, dbias) of either Function's backward. As with custom_op's register_autograd before: all three
+    are computed whenever backward runs; autograd drops those of inputs that do not require grad, and an absent
+    weight or bias gets None."""
+    x, weight, mean, rstd = ctx.saved_tensors
+    normalized_shape, has_weight, has_bias, weight_dtype, bias_dtype = ctx.meta
+    if not torch.is_grad_enabled() and run_directly(grad_out):
+        # The saved tensors are what this op's forward made and checked, and autograd gives grad_out y's shape and
+        # device: the op's argument checks would only repeat that.
+        _check_float("grad_out", grad_out.dtype)
+        dx, dweight, dbias = _backward(grad_out, x, mean, rstd, normalized_shape, weight, x.dtype, weight_dtype,
+                                       bias_dtype, shared=True)
+    else:
+        dx, dweight, dbias = _BWD_OP(grad_out, x, mean, rstd, normalized_shape, weight, x.dtype, weight_dtype,
+                                     bias_dtype)
+    return dx, dweight if has_weight else None, dbias if has_bias else None
+
+
 class _FastLayerNormFunction(torch.autograd.Function):
-    """The Autograd kernel of e2eprof::fastlayernorm: runs the op below autograd and records its backward. With keyset
-    None, an eager call that skips the dispatcher (run_directly), as fastsoftmax's."""
+    """The Autograd kernel of e2eprof::fastlayernorm: runs the op below autograd and records its backward."""
 
     @staticmethod
     def forward(ctx, keyset, x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
                 bias: Optional[torch.Tensor], eps: float,
                 out_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         with _AutoDispatchBelowAutograd():
-            y, mean, rstd = (_fastlayernorm_impl(x, normalized_shape, weight, bias, eps, out_dtype) if keyset is None
-                             else _FWD_OP.redispatch(keyset, x, normalized_shape, weight, bias, eps, out_dtype))
+            y, mean, rstd = _FWD_OP.redispatch(keyset, x, normalized_shape, weight, bias, eps, out_dtype)
         ctx.mark_non_differentiable(mean, rstd)
-        ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.normalized_shape = normalized_shape
-        ctx.has_weight = weight is not None
-        ctx.has_bias = bias is not None
-        # Gradients have their tensor's dtype; an absent parameter's (discarded) gradient takes x's.
-        ctx.weight_dtype = weight.dtype if weight is not None else x.dtype
-        ctx.bias_dtype = bias.dtype if bias is not None else x.dtype
+        # mean and rstd never get a gradient: without this autograd would fill two zero tensors for them on every
+        # backward (two allocations and two fill launches on a GPU).
+        ctx.set_materialize_grads(False)
+        _save_for_backward(ctx, x, normalized_shape, weight, bias, mean, rstd)
         return y, mean, rstd
 
     @staticmethod
-    def backward(ctx, grad_out: torch.Tensor, _grad_mean, _grad_rstd):
-        # As with custom_op's register_autograd before: all three gradients are computed whenever backward runs;
-        # autograd drops those of inputs that do not require grad (ctx.needs_input_grad False), and an absent
-        # weight or bias gets None.
-        x, weight, mean, rstd = ctx.saved_tensors
-        backward = (_fastlayernorm_backward_impl if not torch.is_grad_enabled() and run_directly(grad_out)
-                    else _BWD_OP)
-        dx, dweight, dbias = backward(
-            grad_out, x, mean, rstd, ctx.normalized_shape, weight, x.dtype, ctx.weight_dtype, ctx.bias_dtype)
-        return (None, dx, None, dweight if ctx.has_weight else None, dbias if ctx.has_bias else None, None, None)
+    def backward(ctx, grad_out: Optional[torch.Tensor], _grad_mean, _grad_rstd):
+        if grad_out is None:  # y did not reach the loss (possible now that grads are not materialised)
+            return None, None, None, None, None, None, None
+        dx, dweight, dbias = _gradients(ctx, grad_out)
+        return None, dx, None, dweight, dbias, None, None
+
+
+class _FastLayerNormDirect(torch.autograd.Function):
+    """An eager call that skips the dispatcher (run_directly), as fastsoftmax's: y is its only output. The statistics
+    stay in ctx, so autograd tracks one output instead of three (its host cost per output is paid on every call)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
+                bias: Optional[torch.Tensor], eps: float, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+        with _AutoDispatchBelowAutograd():
+            y, mean, rstd = _fastlayernorm_impl(x, normalized_shape, weight, bias, eps, out_dtype, shared=True)
+        _save_for_backward(ctx, x, normalized_shape, weight, bias, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        dx, dweight, dbias = _gradients(ctx, grad_out)
+        return dx, None, dweight, dbias, None, None
 
 
 def _fastlayernorm_autograd(keyset, x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
@@ -269,9 +317,9 @@ def fastlayernorm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight
     if run_directly(x, weight, bias):
         if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
                                         or (bias is not None and bias.requires_grad)):
-            return _FastLayerNormFunction.apply(None, x, _as_shape(normalized_shape), weight, bias, eps, out_dtype)[0]
+            return _FastLayerNormDirect.apply(x, _as_shape(normalized_shape), weight, bias, eps, out_dtype)
         # Nothing requires grad, so autograd records nothing: no guard needed (as in the other five ops).
-        return _fastlayernorm_impl(x, _as_shape(normalized_shape), weight, bias, eps, out_dtype)[0]
+        return _fastlayernorm_impl(x, _as_shape(normalized_shape), weight, bias, eps, out_dtype, keep_stats=False)[0]
     y, _mean, _rstd = torch.ops.e2eprof.fastlayernorm(x, _as_shape(normalized_shape), weight, bias, eps, out_dtype)
     return y
 

@@ -4,7 +4,8 @@ Forward, one program per row, returns y and the per-row mean and rstd (fp32) tha
 - row kernel (cols <= MAX_FUSED_COLS_FWD): the row stays in registers: one read of x, one write of y;
 - looped kernel for longer rows: a pass for the mean, one for the centred variance, one that writes.
 Backward, a fixed number of programs each walking rows pid, pid + P, pid + 2P, ...: dx for each row, plus its own
-fp32 partial sums of dy * xhat and dy per column, written once to a [P, cols] buffer that torch.sum reduces over P.
+fp32 partial sums of dy * xhat and dy per column, written once to a [2, P, cols] buffer (dweight's partials, then
+dbias's) that one torch.sum reduces over P.
 No atomics, so the result is deterministic; P is a few programs per SM, so the partials stay small.
 - row kernel (cols <= MAX_FUSED_COLS_BWD): the row and the partials in registers;
 - looped kernel: two passes per row over column tiles, the partials updated in the buffer tile by tile (only this
@@ -44,7 +45,8 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 @triton.jit
 def _layernorm_fwd_row_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps,
-                              HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+                              HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
+                              BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     row_start = row * n_cols  # int64: rows * cols can exceed 2**31
     cols = tl.arange(0, BLOCK)
@@ -64,13 +66,15 @@ def _layernorm_fwd_row_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_
     if HAS_BIAS:
         y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + row_start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(mean_ptr + row, mean)
-    tl.store(rstd_ptr + row, rstd)
+    if STORE_STATS:
+        tl.store(mean_ptr + row, mean)
+        tl.store(rstd_ptr + row, rstd)
 
 
 @triton.jit
 def _layernorm_fwd_looped_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps,
-                                 HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+                                 HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
+                                 BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     row_start = row * n_cols
     cols = tl.arange(0, BLOCK)
@@ -104,12 +108,13 @@ def _layernorm_fwd_looped_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
         if HAS_BIAS:
             y = y + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + row_start + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(mean_ptr + row, mean)
-    tl.store(rstd_ptr + row, rstd)
+    if STORE_STATS:
+        tl.store(mean_ptr + row, mean)
+        tl.store(rstd_ptr + row, rstd)
 
 
 @triton.jit
-def _layernorm_bwd_row_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part_ptr, db_part_ptr,
+def _layernorm_bwd_row_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, part_ptr,
                               n_rows, n_cols, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -134,17 +139,20 @@ def _layernorm_bwd_row_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, 
         tl.store(dx_ptr + row_start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw_acc += dy * xhat
         db_acc += dy
+    # part is [2, P, cols]: this program's row of the dweight partials, and P rows further its dbias partials.
     part_start = tl.cast(pid, tl.int64) * n_cols
-    tl.store(dw_part_ptr + part_start + cols, dw_acc, mask=mask)
-    tl.store(db_part_ptr + part_start + cols, db_acc, mask=mask)
+    db_start = tl.cast(tl.num_programs(0), tl.int64) * n_cols
+    tl.store(part_ptr + part_start + cols, dw_acc, mask=mask)
+    tl.store(part_ptr + db_start + part_start + cols, db_acc, mask=mask)
 
 
 @triton.jit
-def _layernorm_bwd_looped_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part_ptr, db_part_ptr,
+def _layernorm_bwd_looped_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, part_ptr,
                                  n_rows, n_cols, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
-    part_start = tl.cast(pid, tl.int64) * n_cols  # this program's row of the zero-initialised partial buffers
+    part_start = tl.cast(pid, tl.int64) * n_cols  # this program's row of the zero-initialised partials [2, P, cols]
+    db_start = tl.cast(tl.num_programs(0), tl.int64) * n_cols  # the dbias half
     for row in range(pid, n_rows, tl.num_programs(0)):
         row_start = tl.cast(row, tl.int64) * n_cols
         mean = tl.load(mean_ptr + row)
@@ -177,10 +185,10 @@ def _layernorm_bwd_looped_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_pt
                 g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             dx = (g - (xhat * c1 + c2)) * rstd
             tl.store(dx_ptr + row_start + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-            dw = tl.load(dw_part_ptr + part_start + offs, mask=mask, other=0.0)
-            tl.store(dw_part_ptr + part_start + offs, dw + dy * xhat, mask=mask)
-            db = tl.load(db_part_ptr + part_start + offs, mask=mask, other=0.0)
-            tl.store(db_part_ptr + part_start + offs, db + dy, mask=mask)
+            dw = tl.load(part_ptr + part_start + offs, mask=mask, other=0.0)
+            tl.store(part_ptr + part_start + offs, dw + dy * xhat, mask=mask)
+            db = tl.load(part_ptr + db_start + part_start + offs, mask=mask, other=0.0)
+            tl.store(part_ptr + db_start + part_start + offs, db + dy, mask=mask)
 
 
 def _num_warps(block: int) -> int:
@@ -215,48 +223,61 @@ def _check_out_dtype(name: str, dtype: torch.dtype) -> None:
 
 
 def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
-                       out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       out_dtype: torch.dtype, shared: bool = False,
+                       keep_stats: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """LayerNorm over the last dim of a contiguous tensor: [rows, cols], or any shape whose last dim is the row (the
     hidden states as they come, with no view on the host); weight and bias are [cols] or None.
 
     Reads every operand in its own dtype (fp32/bf16/fp16), computes in fp32, writes y as `out_dtype`.
     Returns (y of x's shape, mean and rstd of x.shape[:-1] in fp32); empty inputs return without a launch.
+    shared: mean and rstd may be views of one allocation (one allocator call fewer). Only for a caller that keeps
+    them to itself: an op's outputs must not alias each other (opcheck's schema test says so).
+    keep_stats=False: no mean and rstd at all (None, None), for a forward no backward will follow: two allocations
+    and two kernel arguments fewer, and no statistics written.
     """
     _check_rows("x", x)
     cols = x.shape[-1]
     _check_param("weight", weight, cols)
     _check_param("bias", bias, cols)
     _check_out_dtype("out_dtype", out_dtype)
-    # empty_like: about half the host time of torch.empty(shape, dtype=, device=) per call.
+    # empty_like and new_empty: about half the host time of torch.empty(shape, dtype=, device=) per call.
     y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
     batch = x.shape[:-1]
-    mean = torch.empty(batch, dtype=torch.float32, device=x.device)
-    rstd = torch.empty(batch, dtype=torch.float32, device=x.device)
-    rows = mean.numel()
+    if not keep_stats:
+        mean = rstd = None
+    elif shared:  # unbind's two views of a [2, *batch] buffer are contiguous
+        mean, rstd = x.new_empty((2, *batch), dtype=torch.float32).unbind(0)
+    else:
+        mean, rstd = x.new_empty(batch, dtype=torch.float32), x.new_empty(batch, dtype=torch.float32)
+    rows = math.prod(batch)
     if rows == 0 or cols == 0:
-        return y, mean.fill_(float("nan")), rstd.fill_(float("nan"))
-    # An absent weight or bias is never loaded (HAS_* is a compile-time False); x stands in for the pointer.
+        if keep_stats:
+            mean.fill_(float("nan")), rstd.fill_(float("nan"))
+        return y, mean, rstd
+    # An absent weight, bias or statistic is never touched (HAS_*, STORE_STATS compile-time False); y stands in.
     w = weight if weight is not None else x
     b = bias if bias is not None else x
-    flags = {"HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None}
+    m, r = (mean, rstd) if keep_stats else (y, y)
+    flags = {"HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None, "STORE_STATS": keep_stats}
     if cols <= MAX_FUSED_COLS_FWD:
         block = next_power_of_2(cols)
-        launch(_layernorm_fwd_row_kernel, (rows,), x, w, b, y, mean, rstd, cols, eps, **flags, BLOCK=block,
+        launch(_layernorm_fwd_row_kernel, (rows,), x, w, b, y, m, r, cols, eps, **flags, BLOCK=block,
                num_warps=_num_warps(block))
     else:
-        launch(_layernorm_fwd_looped_kernel, (rows,), x, w, b, y, mean, rstd, cols, eps, **flags, BLOCK=LOOP_BLOCK,
+        launch(_layernorm_fwd_looped_kernel, (rows,), x, w, b, y, m, r, cols, eps, **flags, BLOCK=LOOP_BLOCK,
                num_warps=LOOP_WARPS)
     return y, mean, rstd
 
 
 def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
                         weight: torch.Tensor | None, dx_dtype: torch.dtype, weight_dtype: torch.dtype,
-                        bias_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        bias_dtype: torch.dtype, shared: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx of x's shape as `dx_dtype`, dweight [cols] as `weight_dtype`, dbias [cols] as `bias_dtype`).
 
     dy and x are contiguous of the same shape, rows along the last dim; mean and rstd are the forward's contiguous
     fp32 statistics, one per row (x.shape[:-1] or flat). dweight and dbias are always computed (a LayerNorm without
-    them just discards them).
+    them just discards them). shared: dweight and dbias may be views of one reduction's result (one sum launch
+    fewer), as in layer_norm_forward only for a caller whose results are not an op's outputs.
     """
     _check_rows("dy", dy)
     _check_rows("x", x)
@@ -275,21 +296,26 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, r
         zeros = torch.zeros((cols,), dtype=torch.float32, device=x.device)
         return dx, zeros.to(weight_dtype), zeros.to(bias_dtype)
     programs = min(rows, _bwd_programs(x.get_device()))
-    # Zeroed: the looped kernel accumulates into its buffer row; the row kernel overwrites it.
-    dw_part = torch.zeros((programs, cols), dtype=torch.float32, device=x.device)
-    db_part = torch.zeros((programs, cols), dtype=torch.float32, device=x.device)
     w = weight if weight is not None else x
+    # The partials of dweight and dbias in one [2, P, cols] fp32 buffer, reduced over P by one torch.sum. The row
+    # kernel writes every program's row, so it needs no zeroing (two fill launches fewer); the looped kernel
+    # accumulates into its rows.
     if cols <= MAX_FUSED_COLS_BWD:
+        part = torch.empty((2, programs, cols), dtype=torch.float32, device=x.device)
         block = next_power_of_2(cols)
-        launch(_layernorm_bwd_row_kernel, (programs,), dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols,
-               HAS_WEIGHT=weight is not None, BLOCK=block,
-               num_warps=_num_warps(block))
+        launch(_layernorm_bwd_row_kernel, (programs,), dy, x, w, mean, rstd, dx, part, rows, cols,
+               HAS_WEIGHT=weight is not None, BLOCK=block, num_warps=_num_warps(block))
     else:
-        launch(_layernorm_bwd_looped_kernel, (programs,), dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols,
-               HAS_WEIGHT=weight is not None, BLOCK=LOOP_BLOCK,
-               num_warps=LOOP_WARPS)
-    # The cross-program reduction: [programs, cols] fp32 partials, summed over programs.
-    return dx, dw_part.sum(dim=0).to(weight_dtype), db_part.sum(dim=0).to(bias_dtype)
+        part = torch.zeros((2, programs, cols), dtype=torch.float32, device=x.device)
+        launch(_layernorm_bwd_looped_kernel, (programs,), dy, x, w, mean, rstd, dx, part, rows, cols,
+               HAS_WEIGHT=weight is not None, BLOCK=LOOP_BLOCK, num_warps=LOOP_WARPS)
+    if shared:
+        dweight, dbias = part.sum(dim=1).unbind(0)  # (cols,) each, fp32
+    else:
+        dweight, dbias = part[0].sum(dim=0), part[1].sum(dim=0)
+    # .to only where the dtype differs: even a no-op .to is a dispatcher call.
+    return (dx, dweight if weight_dtype == torch.float32 else dweight.to(weight_dtype),
+            dbias if bias_dtype == torch.float32 else dbias.to(bias_dtype))
 
 
 @functools.cache  # per device index (-1: the CPU), so each backward call does not ask CUDA for the SM count

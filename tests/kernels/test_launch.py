@@ -211,9 +211,9 @@ def _spy_on_impl(op_module, monkeypatch) -> list:
     name = "_" + op_module.__package__.rsplit(".", 1)[-1] + "_impl"  # e.g. _fastsoftmax_impl
     real, calls = getattr(op_module, name), []
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         calls.append(name)
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(op_module, name, spy)
     return calls
