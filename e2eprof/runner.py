@@ -26,6 +26,7 @@ from e2eprof import candidates as cand
 from e2eprof import startup
 from e2eprof.tables import reports
 from e2eprof.harness import compile_cache, isolation
+from e2eprof.harness.prestart import Prestarted
 from e2eprof.harness import scratch as scratch_folder
 from e2eprof.harness import worker_output
 from e2eprof.analysis.judge import judge, write_judgement
@@ -201,6 +202,34 @@ def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = Fa
     """
     if config.find_max_batch:
         raise UsageError("find_max_batch: this searches batch sizes instead of comparing; call e2eprof.maxbatch.find_max_batch")
+    prestarted = _prestart(config)
+    try:
+        return _compare(config, events, resume, prestarted)
+    finally:
+        if prestarted is not None:
+            prestarted.close()
+
+
+def _prestart(config: CompareConfig) -> Prestarted | None:
+    """The first point's worker processes, started before the checks so their imports overlap them
+    (harness/prestart.py). None for a data-parallel run (torchrun starts its workers), a model that does not
+    resolve (the checks refuse it), or a machine without a free core for each process beside the parent's: on a
+    2-core CPU the early imports only compete with the parent's, and made the start slower, not faster."""
+    if config.launch is not None:
+        return None
+    try:
+        model_type = resolve_model(config.model).architecture
+    except ModelLoadError:
+        return None
+    # The stock-attention arm is counted whenever it is a reference arm: whether this patch needs it is known only
+    # after the checks, and an unused process is stopped.
+    count = len(_with_replicas(config, _arms(config, attn="eager")))
+    if len(isolation.available_cores()) < count + isolation.PARENT_CORES:
+        return None
+    return Prestarted(count, config.isolate, model_type)
+
+
+def _compare(config: CompareConfig, events: Events, resume: bool, prestarted: Prestarted | None) -> Report:
     loaded, attn = check_before_measuring(config, config.workloads)
     workloads, notes = config.workloads, []
     for one in getattr(loaded, "loaded", ()) or (loaded,):  # every candidate runs on the same workloads
@@ -256,7 +285,8 @@ def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = Fa
             for index, point in enumerate(config.points):
                 if config.is_sweep:
                     events("point", point=point, index=index, total=len(config.points))
-                _run_point(config.at(point), point, arms, state, cand.patches_by_arm(config, loaded), scratch, events)
+                _run_point(config.at(point), point, arms, state, cand.patches_by_arm(config, loaded), scratch, events,
+                           prestarted if index == 0 else None)
             if config.microbench:
                 for point in config.points:
                     with state.phase(events, "*", f"microbench {point.id}"):
@@ -302,7 +332,7 @@ def _microbench_phase(config: CompareConfig, point, state: RunState) -> None:
 
 
 def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], state: RunState, patch, scratch: Path,
-               events: Events) -> None:
+               events: Events, prestarted: Prestarted | None = None) -> None:
     """Every workload at one point, in fresh worker processes (config holds this point's batch, seq and precision).
 
     Fresh workers per point, not one set reshaped between points: a process's peak RSS, its allocator's cached
@@ -325,7 +355,10 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
                     arm=arm, model=config.model, patch_spec=cand.spec_of_arm(config, arm.name), device=config.device,
                     precision=config.precision, seed=config.seed, batch=config.batch, seq=config.seq,
                     new_tokens=config.new_tokens, scratch_dir=str(scratch),
-                    placement=placement or isolation.Placement()), config.launch, index)
+                    placement=placement or isolation.Placement()), config.launch, index,
+                    prestarted.take() if prestarted is not None else None)
+            if prestarted is not None:
+                prestarted.close()  # any spare now, before anything is timed
             builds = broadcast(processes, state, Build())
         if "baseline" not in builds:
             failure = state.arm_failures["baseline"]

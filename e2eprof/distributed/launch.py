@@ -170,6 +170,7 @@ def _failed_ranks(log_path: Path) -> list[tuple[int, int]]:
     return [(int(r), int(c)) for r, c in found]
 
 
-def start_arm(setup: WorkerSetup, launch: LaunchSpec | None, arm_index: int) -> ArmProcess:
-    """A single worker process, or a torchrun worker group when the run is data-parallel."""
-    return ArmProcess(setup) if launch is None else DistArmProcess(setup, launch, arm_index)
+def start_arm(setup: WorkerSetup, launch: LaunchSpec | None, arm_index: int, prestarted=None) -> ArmProcess:
+    """A single worker process (prestarted: one e2eprof.harness.prestart started early), or a torchrun worker
+    group when the run is data-parallel."""
+    return ArmProcess(setup, prestarted) if launch is None else DistArmProcess(setup, launch, arm_index)

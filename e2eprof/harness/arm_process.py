@@ -31,8 +31,19 @@ class ArmFailed(Exception):
 class ArmProcess:
     """One spawned worker. `send` + `receive` let the parent overlap slow commands (model builds) across arms."""
 
-    def __init__(self, setup: WorkerSetup):
+    def __init__(self, setup: WorkerSetup, prestarted=None):
+        """prestarted: (process, pipe) of a process e2eprof.harness.prestart started before the run's checks; it is
+        handed `setup` and becomes this arm's worker. Otherwise a process is started now."""
         self.name = setup.arm.name  # a replica's failure is its arm's: the same kernel failed
+        self.failed: ArmFailed | None = None
+        self._close_requested = False
+        if prestarted is not None:
+            self._process, self._conn = prestarted
+            try:
+                self._conn.send(setup)
+            except (BrokenPipeError, OSError):  # it died while importing: the first command reports it
+                self.failed = self._failure()
+            return
         # spawn, not fork: a forked child would inherit CUDA state and any patch the parent imported.
         context = mp.get_context("spawn")
         self._conn, child_conn = context.Pipe()
@@ -43,8 +54,6 @@ class ArmProcess:
         with worker_output.relayed(), isolation.environment(variables):
             self._process.start()
         child_conn.close()
-        self.failed: ArmFailed | None = None
-        self._close_requested = False
 
     def send(self, command: Command) -> None:
         if self.failed:

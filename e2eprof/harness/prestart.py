@@ -1,0 +1,79 @@
+"""Worker processes started before the parent's checks, so that their imports overlap the parent's.
+
+Before its first worker starts, a run's parent imports torch and transformers, reads the model's config and loads the
+patch to check it against the model: 8.8 s on the H200 host (2026-12-06, `.../h200-run-time`). Each worker then
+imports the same libraries again and builds its model: 12-14 s for "start workers and build models". None of it is
+timed, and the two need not wait for each other: the processes a run will need are started first, import torch,
+transformers and the model's modeling code while the parent checks, and then wait for their WorkerSetup.
+
+Only what every worker does anyway happens early: imports, nothing that depends on the arm (patches, the model's
+weights, the device). A process is started with the run's compile-cache variables and the OpenMP wait policy, which
+must be set before torch loads; its cores and thread count come with its setup (isolation.apply_in_worker), as for a
+process started later. Processes the run does not use (a guess of one arm too many, a refusal) are stopped.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import signal
+
+from e2eprof.harness import compile_cache, isolation, worker_output
+
+
+def _prestarted_main(conn, model_type: str | None) -> None:
+    """The spawned process: import what every worker needs, then serve the setup it is given (or exit on None)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as worker_main: the parent decides how to stop
+    try:
+        importlib.import_module("e2eprof.harness.worker")  # torch, e2eprof's worker code
+        importlib.import_module("transformers.modeling_utils")  # what building any model imports first
+        if model_type:
+            importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    except Exception:  # noqa: BLE001 - only a head start: the worker imports again, and reports, when it builds
+        pass
+    try:
+        setup = conn.recv()
+    except (EOFError, OSError):
+        return
+    if setup is None:
+        return
+    from e2eprof.harness.worker import worker_main
+
+    worker_main(conn, setup)
+
+
+class Prestarted:
+    """Up to `count` idle worker processes, started now; `take` hands one out (process, parent's pipe end)."""
+
+    def __init__(self, count: int, parts: tuple[str, ...], model_type: str | None):
+        context = mp.get_context("spawn")
+        # The wait policy is the same for every worker; threads and cores are set per worker from its setup.
+        variables = {**compile_cache.environment(),
+                     **isolation.Placement(passive="passive" in parts).environment()}
+        self._idle = []
+        with worker_output.relayed(), isolation.environment(variables):
+            for index in range(count):
+                parent_end, child_end = context.Pipe()
+                process = context.Process(target=_prestarted_main, args=(child_end, model_type),
+                                          name=f"e2eprof-worker-{index}", daemon=True)
+                process.start()
+                child_end.close()
+                self._idle.append((process, parent_end))
+
+    def take(self):
+        """An idle process and its pipe, or None when all are taken."""
+        return self._idle.pop(0) if self._idle else None
+
+    def close(self) -> None:
+        """Stop the processes nobody took. They hold nothing yet (no device, no files): terminated at once, so a run
+        refused by its checks answers as fast as without them."""
+        idle, self._idle = self._idle, []
+        for process, _ in idle:
+            process.terminate()
+        for process, conn in idle:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=5)
+            conn.close()
+

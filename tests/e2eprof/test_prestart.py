@@ -1,0 +1,80 @@
+"""Worker processes started before the run's checks: they become ordinary arm workers, spares stop at once, and a
+run starts them only where each has a core of its own."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from e2eprof import runner
+from e2eprof.config import CompareConfig
+from e2eprof.harness import isolation
+from e2eprof.harness.arm_process import ArmFailed, ArmProcess
+from e2eprof.harness.prestart import Prestarted
+from e2eprof.harness.protocol import ArmSpec, Build, Warmup, WorkerSetup
+
+
+def _setup(tmp_path, placement=isolation.Placement()) -> WorkerSetup:
+    return WorkerSetup(arm=ArmSpec("baseline", "sdpa", False), model="gpt2-tiny", patch_spec="fastsoftmax",
+                       device="cpu", precision="fp32", seed=0, batch=1, seq=8, new_tokens=2,
+                       scratch_dir=str(tmp_path), placement=placement)
+
+
+def test_a_prestarted_process_becomes_an_arm_worker_with_its_placement(tmp_path):
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    placement = isolation.Placement(cores=(cores[-1],) if cores else None, threads=1, passive=True)
+    pool = Prestarted(2, ("threads", "passive"), "gpt2")
+    try:
+        process = ArmProcess(_setup(tmp_path, placement), pool.take())
+        try:
+            build = process.call(Build())
+            process.call(Warmup("infer", window=2, tolerance=0.5, max_steps=4, max_seconds=10))
+        finally:
+            process.close()
+        assert build["model"]["vocab_size"] == 512 and build["pid"] != os.getpid()
+        seen = build["placement"]
+        assert seen["threads"] == 1  # set from its setup, after it had imported torch
+        if cores:
+            assert seen["cores"] == [cores[-1]]
+        assert seen["omp_wait_policy"] == (os.environ.get("OMP_WAIT_POLICY") or "PASSIVE")  # set before torch loaded
+        assert pool.take() is not None and pool.take() is None  # two were started, each handed out once
+    finally:
+        pool.close()
+
+
+def test_spare_processes_stop_at_once_even_while_importing():
+    pool = Prestarted(2, (), None)
+    processes = [p for p, _ in pool._idle]
+    started = time.perf_counter()
+    pool.close()  # right away: both are still importing torch
+    assert time.perf_counter() - started < 5
+    assert not any(p.is_alive() for p in processes)
+    assert pool.take() is None
+
+
+def test_a_prestarted_process_that_died_is_reported_as_a_crash(tmp_path):
+    pool = Prestarted(1, (), None)
+    process, conn = pool.take()
+    process.kill()
+    process.join(timeout=10)
+    arm = ArmProcess(_setup(tmp_path), (process, conn))
+    with pytest.raises(ArmFailed, match="crashed|exited"):
+        arm.call(Build())
+    arm.close()
+
+
+def test_a_run_prestarts_its_first_points_processes_only_where_each_has_a_core(monkeypatch):
+    made = []
+    monkeypatch.setattr(runner, "Prestarted", lambda count, parts, model_type: made.append((count, parts, model_type)) or made)
+    config = CompareConfig(model="gpt2", patch="fastsoftmax", device="cpu", replicas=2, reference_arms=("sdpa", "compile"))
+    # baseline, patched, sdpa, compile and one more process each for baseline and patched
+    arms = len(runner._with_replicas(config, runner._arms(config, attn="eager")))
+    assert arms == 6
+    monkeypatch.setattr(isolation, "available_cores", lambda: tuple(range(16)))
+    assert runner._prestart(config) is made and made == [(6, config.isolate, "gpt2")]
+    monkeypatch.setattr(isolation, "available_cores", lambda: (0, 1))  # the 2-core CI machine
+    assert runner._prestart(config) is None
+    monkeypatch.setattr(isolation, "available_cores", lambda: tuple(range(16)))
+    assert runner._prestart(CompareConfig(model="no-such-model", patch="fastsoftmax", device="cpu")) is None
