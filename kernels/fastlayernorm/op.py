@@ -216,11 +216,18 @@ def _gradients(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor, Optional[torc
     x, weight, mean, rstd = ctx.saved_tensors
     normalized_shape, has_weight, has_bias, weight_dtype, bias_dtype = ctx.meta
     if not torch.is_grad_enabled() and run_directly(grad_out):
-        # The saved tensors are what this op's forward made and checked, and autograd gives grad_out y's shape and
-        # device: the op's argument checks would only repeat that.
-        _check_float("grad_out", grad_out.dtype)
-        dx, dweight, dbias = _backward(grad_out, x, mean, rstd, normalized_shape, weight, x.dtype, weight_dtype,
-                                       bias_dtype, shared=True)
+        # The saved tensors are what this op's forward made and checked (on the Triton path: kernel dtypes, a [cols]
+        # weight, contiguous fp32 statistics), and autograd gives grad_out y's shape, dtype and device: the op's
+        # argument checks, and the Triton launcher's, would only repeat that.
+        if x.is_cuda and len(normalized_shape) == 1 and x.is_contiguous() and grad_out.is_contiguous() \
+                and (weight is None or weight.is_contiguous()):
+            dx, dweight, dbias = triton_kernels(__package__).backward_checked(
+                grad_out, x, mean, rstd, weight, x.dtype, weight_dtype, bias_dtype, shared=True)
+            IMPL_CALLS["triton.bwd"] += 1
+        else:
+            _check_float("grad_out", grad_out.dtype)
+            dx, dweight, dbias = _backward(grad_out, x, mean, rstd, normalized_shape, weight, x.dtype, weight_dtype,
+                                           bias_dtype, shared=True)
     else:
         dx, dweight, dbias = _BWD_OP(grad_out, x, mean, rstd, normalized_shape, weight, x.dtype, weight_dtype,
                                      bias_dtype)

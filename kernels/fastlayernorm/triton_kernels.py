@@ -276,8 +276,8 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, r
 
     dy and x are contiguous of the same shape, rows along the last dim; mean and rstd are the forward's contiguous
     fp32 statistics, one per row (x.shape[:-1] or flat). dweight and dbias are always computed (a LayerNorm without
-    them just discards them). shared: dweight and dbias may be views of one reduction's result (one sum launch
-    fewer), as in layer_norm_forward only for a caller whose results are not an op's outputs.
+    them just discards them). shared: dweight and dbias may be views of one reduction's result (no copy), as in
+    layer_norm_forward only for a caller whose results are not an op's outputs.
     """
     _check_rows("dy", dy)
     _check_rows("x", x)
@@ -291,6 +291,16 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, r
             raise ValueError(f"{name} must be contiguous fp32 with {rows} values, got {stats.dtype} "
                              f"{tuple(stats.shape)}")
     _check_out_dtype("dx_dtype", dx_dtype)
+    return backward_checked(dy, x, mean, rstd, weight, dx_dtype, weight_dtype, bias_dtype, shared)
+
+
+def backward_checked(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                     weight: torch.Tensor | None, dx_dtype: torch.dtype, weight_dtype: torch.dtype,
+                     bias_dtype: torch.dtype, shared: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """layer_norm_backward without its argument checks, for arguments that already passed them: what an eager call's
+    own forward saved (op.py's direct path), with the gradient autograd shaped and typed like that forward's output."""
+    cols = x.shape[-1]
+    rows = mean.numel()
     dx = torch.empty_like(x, dtype=dx_dtype, memory_format=torch.contiguous_format)
     if rows == 0 or cols == 0:
         zeros = torch.zeros((cols,), dtype=torch.float32, device=x.device)
@@ -309,13 +319,15 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, r
         part = torch.zeros((2, programs, cols), dtype=torch.float32, device=x.device)
         launch(_layernorm_bwd_looped_kernel, (programs,), dy, x, w, mean, rstd, dx, part, rows, cols,
                HAS_WEIGHT=weight is not None, BLOCK=LOOP_BLOCK, num_warps=LOOP_WARPS)
-    if shared:
-        dweight, dbias = part.sum(dim=1).unbind(0)  # (cols,) each, fp32
-    else:
-        dweight, dbias = part[0].sum(dim=0), part[1].sum(dim=0)
-    # .to only where the dtype differs: even a no-op .to is a dispatcher call.
-    return (dx, dweight if weight_dtype == torch.float32 else dweight.to(weight_dtype),
-            dbias if bias_dtype == torch.float32 else dbias.to(bias_dtype))
+    # One reduction on both paths, so the direct call and the op agree bit for bit. .to only where the dtype
+    # differs: even a no-op .to is a dispatcher call.
+    dweight, dbias = part.sum(dim=1).unbind(0)  # (cols,) each, fp32
+    dweight = dweight if weight_dtype == torch.float32 else dweight.to(weight_dtype)
+    if bias_dtype != torch.float32:
+        dbias = dbias.to(bias_dtype)
+    elif not shared and weight_dtype == torch.float32:
+        dbias = dbias.clone()  # an op's outputs must not alias each other: a copy in place of a second reduction
+    return dx, dweight, dbias
 
 
 @functools.cache  # per device index (-1: the CPU), so each backward call does not ask CUDA for the SM count
