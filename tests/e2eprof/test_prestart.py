@@ -78,3 +78,33 @@ def test_a_run_prestarts_its_first_points_processes_only_where_each_has_a_core(m
     assert runner._prestart(config) is None
     monkeypatch.setattr(isolation, "available_cores", lambda: tuple(range(16)))
     assert runner._prestart(CompareConfig(model="no-such-model", patch="fastsoftmax", device="cpu")) is None
+
+
+def test_a_whole_run_with_prestarted_workers_completes_and_leaves_no_process_behind(tmp_path, monkeypatch):
+    """The GPU-host path on this CPU: as if each process had a core, a run takes its workers from the early pool;
+    fastgelu keeps SDPA, so the pool's stock-attention guess is one too many and that spare is stopped."""
+    import multiprocessing as mp
+
+    import pandas as pd
+
+    monkeypatch.setattr(isolation, "available_cores", lambda: tuple(range(16)))
+    started = []
+    real = runner.Prestarted
+
+    def counting(count, parts, model_type):
+        pool = real(count, parts, model_type)
+        started.append((count, [p.pid for p, _ in pool._idle]))
+        return pool
+
+    monkeypatch.setattr(runner, "Prestarted", counting)
+    config = CompareConfig(model="gpt2-tiny", patch="fastgelu", device="cpu", workloads=("infer",), out=tmp_path / "run",
+                           steps=4, block_steps=2, budget_seconds=0, profile=False)
+    built = {}
+    report = runner.compare(config, lambda kind, **kw: built.update(kw["builds"]) if kind == "built" else None)
+    assert report.overall in ("PASS", "FAIL", "INCONCLUSIVE")
+    assert pd.read_parquet(tmp_path / "run" / "run.parquet").iloc[0]["status"] == "complete"
+    (count, pids), = started
+    assert count == 3  # baseline, patched and the guessed stock-attention arm
+    assert set(built) == {"baseline", "patched"}
+    assert {b["pid"] for b in built.values()} < set(pids)  # the arms ran in prestarted processes
+    assert not mp.active_children(), "a prestarted process outlived the run"
