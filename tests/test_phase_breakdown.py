@@ -11,7 +11,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "phase_breakdown.py"
 GPU_RUN = ROOT / "reports" / "2026-12-04-h200-gate-cost" / "default-run"
-CPU_RUN = ROOT / "reports" / "2026-12-04-cpu-default-run"
+CPU_RUN = ROOT / "reports" / "2026-12-06-cpu-default-run"
 
 
 def _run(*args):
