@@ -1,10 +1,10 @@
 """Worker processes started before the parent's checks, so that their imports overlap the parent's.
 
 Before its first worker starts, a run's parent imports torch and transformers, reads the model's config and loads the
-patch to check it against the model: 8.8 s on the H200 host (2026-12-06, `.../h200-run-time`). Each worker then
-imports the same libraries again and builds its model: 12-14 s for "start workers and build models". None of it is
-timed, and the two need not wait for each other: the processes a run will need are started first, import torch,
-transformers and the model's modeling code while the parent checks, and then wait for their WorkerSetup.
+patch to check it against the model; each worker then imports the same libraries again and builds its model. On a
+GPU host both take seconds (reports/2026-12-06-h200-after-host-cost/startup/ has the steps), none of it is timed, and
+they need not wait for each other: the processes a run will need are started first, import torch, transformers and
+the model's modeling code while the parent checks, and then wait for their WorkerSetup.
 
 Only what every worker does anyway happens early: imports, nothing that depends on the arm (patches, the model's
 weights, the device). A process is started with the run's compile-cache variables and the OpenMP wait policy, which

@@ -93,8 +93,8 @@ _LIB.define("fastlayernorm_backward(Tensor grad_out, Tensor x, Tensor mean, Tens
 
 def _fastlayernorm_impl(x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
                         bias: Optional[torch.Tensor], eps: float,
-                        out_dtype: Optional[torch.dtype],
-                        shared: bool = False, keep_stats: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        out_dtype: Optional[torch.dtype], shared: bool = False,
+                        keep_stats: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # shared, keep_stats: the Triton launcher's (mean and rstd in one allocation; none at all, then None), for the
     # direct call only: the op's outputs never alias and always include the statistics.
     out_dtype = x.dtype if out_dtype is None else out_dtype
@@ -221,7 +221,7 @@ def _gradients(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor, Optional[torc
         # argument checks, and the Triton launcher's, would only repeat that.
         if x.is_cuda and len(normalized_shape) == 1 and x.is_contiguous() and grad_out.is_contiguous() \
                 and (weight is None or weight.is_contiguous()):
-            dx, dweight, dbias = triton_kernels(__package__).backward_checked(
+            dx, dweight, dbias = triton_kernels(__package__).layer_norm_backward_unchecked(
                 grad_out, x, mean, rstd, weight, x.dtype, weight_dtype, bias_dtype, shared=True)
             IMPL_CALLS["triton.bwd"] += 1
         else:

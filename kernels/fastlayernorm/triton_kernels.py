@@ -271,7 +271,8 @@ def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch
 
 def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
                         weight: torch.Tensor | None, dx_dtype: torch.dtype, weight_dtype: torch.dtype,
-                        bias_dtype: torch.dtype, shared: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        bias_dtype: torch.dtype,
+                        shared: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx of x's shape as `dx_dtype`, dweight [cols] as `weight_dtype`, dbias [cols] as `bias_dtype`).
 
     dy and x are contiguous of the same shape, rows along the last dim; mean and rstd are the forward's contiguous
@@ -291,12 +292,13 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, r
             raise ValueError(f"{name} must be contiguous fp32 with {rows} values, got {stats.dtype} "
                              f"{tuple(stats.shape)}")
     _check_out_dtype("dx_dtype", dx_dtype)
-    return backward_checked(dy, x, mean, rstd, weight, dx_dtype, weight_dtype, bias_dtype, shared)
+    return layer_norm_backward_unchecked(dy, x, mean, rstd, weight, dx_dtype, weight_dtype, bias_dtype, shared)
 
 
-def backward_checked(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
-                     weight: torch.Tensor | None, dx_dtype: torch.dtype, weight_dtype: torch.dtype,
-                     bias_dtype: torch.dtype, shared: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def layer_norm_backward_unchecked(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                                  weight: torch.Tensor | None, dx_dtype: torch.dtype, weight_dtype: torch.dtype,
+                                  bias_dtype: torch.dtype,
+                                  shared: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """layer_norm_backward without its argument checks, for arguments that already passed them: what an eager call's
     own forward saved (op.py's direct path), with the gradient autograd shaped and typed like that forward's output."""
     cols = x.shape[-1]

@@ -67,8 +67,10 @@ def test_a_prestarted_process_that_died_is_reported_as_a_crash(tmp_path):
 
 def test_a_run_prestarts_its_first_points_processes_only_where_each_has_a_core(monkeypatch):
     made = []
-    monkeypatch.setattr(runner, "Prestarted", lambda count, parts, model_type: made.append((count, parts, model_type)) or made)
-    config = CompareConfig(model="gpt2", patch="fastsoftmax", device="cpu", replicas=2, reference_arms=("sdpa", "compile"))
+    monkeypatch.setattr(runner, "Prestarted",
+                        lambda count, parts, model_type: made.append((count, parts, model_type)) or made)
+    config = CompareConfig(model="gpt2", patch="fastsoftmax", device="cpu", replicas=2,
+                           reference_arms=("sdpa", "compile"))
     # baseline, patched, sdpa, compile and one more process each for baseline and patched
     arms = len(runner._with_replicas(config, runner._arms(config, attn="eager")))
     assert arms == 6
@@ -97,8 +99,8 @@ def test_a_whole_run_with_prestarted_workers_completes_and_leaves_no_process_beh
         return pool
 
     monkeypatch.setattr(runner, "Prestarted", counting)
-    config = CompareConfig(model="gpt2-tiny", patch="fastgelu", device="cpu", workloads=("infer",), out=tmp_path / "run",
-                           steps=4, block_steps=2, budget_seconds=0, profile=False)
+    config = CompareConfig(model="gpt2-tiny", patch="fastgelu", device="cpu", workloads=("infer",),
+                           out=tmp_path / "run", steps=4, block_steps=2, budget_seconds=0, profile=False)
     built = {}
     report = runner.compare(config, lambda kind, **kw: built.update(kw["builds"]) if kind == "built" else None)
     assert report.overall in ("PASS", "FAIL", "INCONCLUSIVE")
