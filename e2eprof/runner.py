@@ -342,6 +342,8 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
     state.begin_point(point)
     todo = [w for w in config.workloads if resume_run.unit_key(point.id, w) not in state.units]
     if not todo:  # every unit of this point was finished by an earlier attempt (--resume)
+        if prestarted is not None:
+            prestarted.close()  # not needed here, and the next point starts its own
         state.end_point()
         return
     processes: dict[str, ArmProcess] = {}  # by process key: the arm's name, "<arm>#<replica>" for its replicas

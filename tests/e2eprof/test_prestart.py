@@ -110,3 +110,27 @@ def test_a_whole_run_with_prestarted_workers_completes_and_leaves_no_process_beh
     assert set(built) == {"baseline", "patched"}
     assert {b["pid"] for b in built.values()} < set(pids)  # the arms ran in prestarted processes
     assert not mp.active_children(), "a prestarted process outlived the run"
+
+
+def test_a_point_that_resume_skips_stops_the_prestarted_processes(tmp_path):
+    """--resume with the first point already finished: its prestarted processes are stopped there, not left idle
+    (holding their imports' memory) through the later points."""
+    from e2eprof.harness.state import RunState
+    from e2eprof.resume import unit_key
+
+    class Pool:
+        closed = 0
+
+        def close(self):
+            Pool.closed += 1
+
+        def take(self):
+            raise AssertionError("a finished point starts no worker")
+
+    config = CompareConfig(model="gpt2-tiny", patch="fastsoftmax", device="cpu", workloads=("infer",))
+    point = config.points[0]
+    state = RunState(tmp_path, {}, sampler=None)
+    state.units = {unit_key(point.id, "infer"): {}}
+    runner._run_point(config.at(point), point, runner._arms(config, "eager"), state, {}, tmp_path, lambda *a, **k: None,
+                      Pool())
+    assert Pool.closed == 1
