@@ -17,6 +17,23 @@ def _run_worker(conn, setup: WorkerSetup) -> None:
     worker_main(conn, setup)
 
 
+def spawn(target, args: tuple, name: str, placement: isolation.Placement):
+    """Start a worker process running target(its pipe end, *args); return (the process, the parent's pipe end).
+
+    spawn, not fork: a forked child would inherit CUDA state and any patch the parent imported. Its stderr goes
+    through the parent's filter (third-party chatter out); its OpenMP settings must be in its environment before it
+    loads torch, and so must the run's one compile-cache folder.
+    """
+    context = mp.get_context("spawn")
+    parent_end, child_end = context.Pipe()
+    process = context.Process(target=target, args=(child_end, *args), name=name, daemon=True)
+    variables = {**compile_cache.environment(), **placement.environment()}
+    with worker_output.relayed(), isolation.environment(variables):
+        process.start()
+    child_end.close()
+    return process, parent_end
+
+
 class ArmFailed(Exception):
     """An arm's worker reported an error or died; `kind` is 'error' or 'crash'."""
 
@@ -44,16 +61,7 @@ class ArmProcess:
             except (BrokenPipeError, OSError):  # it died while importing: the first command reports it
                 self.failed = self._failure()
             return
-        # spawn, not fork: a forked child would inherit CUDA state and any patch the parent imported.
-        context = mp.get_context("spawn")
-        self._conn, child_conn = context.Pipe()
-        self._process = context.Process(target=_run_worker, args=(child_conn, setup), name=f"e2eprof-{setup.arm.key}", daemon=True)
-        # Its stderr goes through the parent's filter (third-party chatter out); its OpenMP settings must be in its
-        # environment before it loads torch, and so must the run's one compile-cache folder.
-        variables = {**compile_cache.environment(), **setup.placement.environment()}
-        with worker_output.relayed(), isolation.environment(variables):
-            self._process.start()
-        child_conn.close()
+        self._process, self._conn = spawn(_run_worker, (setup,), f"e2eprof-{setup.arm.key}", setup.placement)
 
     def send(self, command: Command) -> None:
         if self.failed:

@@ -15,10 +15,10 @@ process started later. Processes the run does not use (a guess of one arm too ma
 from __future__ import annotations
 
 import importlib
-import multiprocessing as mp
 import signal
 
-from e2eprof.harness import compile_cache, isolation, worker_output
+from e2eprof.harness import isolation
+from e2eprof.harness.arm_process import spawn
 
 
 def _prestarted_main(conn, model_type: str | None) -> None:
@@ -46,19 +46,10 @@ class Prestarted:
     """Up to `count` idle worker processes, started now; `take` hands one out (process, parent's pipe end)."""
 
     def __init__(self, count: int, parts: tuple[str, ...], model_type: str | None):
-        context = mp.get_context("spawn")
         # The wait policy is the same for every worker; threads and cores are set per worker from its setup.
-        variables = {**compile_cache.environment(),
-                     **isolation.Placement(passive="passive" in parts).environment()}
-        self._idle = []
-        with worker_output.relayed(), isolation.environment(variables):
-            for index in range(count):
-                parent_end, child_end = context.Pipe()
-                process = context.Process(target=_prestarted_main, args=(child_end, model_type),
-                                          name=f"e2eprof-worker-{index}", daemon=True)
-                process.start()
-                child_end.close()
-                self._idle.append((process, parent_end))
+        placement = isolation.Placement(passive="passive" in parts)
+        self._idle = [spawn(_prestarted_main, (model_type,), f"e2eprof-worker-{index}", placement)
+                      for index in range(count)]
 
     def take(self):
         """An idle process and its pipe, or None when all are taken."""
