@@ -21,7 +21,7 @@ import torch
 from e2eprof.trackers import jit_events
 from e2eprof.config import DECODING_WORKLOADS
 from e2eprof.harness.protocol import WorkerSetup
-from e2eprof.harness.isolation import apply_in_worker, freeze_survivors, gc_off_the_clock
+from e2eprof.harness.isolation import apply_in_worker, freeze_survivors, gc_off_the_clock, whole_host
 from e2eprof.trackers.memory import MemoryTracker, check_test_limit, release
 from e2eprof.candidates import apply_any, load_candidate
 from e2eprof.patching import AppliedPatch
@@ -292,7 +292,7 @@ class ArmWorker:
         """fp64 outputs of this arm's (stock) model on the same batch: the trusted reference.
 
         On the arm's device when it fits there beside the other arms' processes, else on the host from a model
-        rebuilt there: the reference is untimed, and without it the workload would lose its correctness gate and,
+        rebuilt there, on every core (isolation.whole_host): the reference is untimed, and without it the workload would lose its correctness gate and,
         with the baseline out of memory, its verdict (llama-1b training beside five processes on the H200).
         "device" in the answer says where it ran.
         """
@@ -309,7 +309,8 @@ class ArmWorker:
         if ran_out:
             # Outside the except block, so the traceback no longer pins the failed attempt's tensors.
             release(self.device)
-            outputs = self._fp64_outputs(workload, self._fresh_fp64_model(), torch.device("cpu"))
+            with whole_host():
+                outputs = self._fp64_outputs(workload, self._fresh_fp64_model(), torch.device("cpu"))
         _save_outputs(outputs, path)
         return {"path": path, "keys": sorted(outputs), "device": "cpu" if ran_out else self.device.type}
 

@@ -48,3 +48,34 @@ def test_the_host_fallback_gives_the_same_fp64_outputs(arm, tmp_path, workload):
     for key in a:
         assert a[key].dtype == torch.float64
         assert torch.equal(a[key], b[key]), key
+
+
+def test_the_host_fallback_uses_every_core_then_gives_the_placement_back(arm, tmp_path):
+    """A worker's placement leaves it a few threads; the reference it moves to the host runs on all of the host's
+    cores (nothing is timed beside it) and the worker's own thread count comes back afterwards."""
+    import os
+
+    from e2eprof.harness.isolation import Placement, apply_in_worker, available_cores
+
+    host = len(available_cores())
+    if host < 2:
+        pytest.skip("one core: nothing to widen")
+    saved = torch.get_num_threads()
+    real = arm._fp64_outputs
+    seen = []
+
+    def device_runs_out(workload_name, model64, device):
+        seen.append(torch.get_num_threads())
+        if len(seen) == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(workload_name, model64, device)
+
+    arm._fp64_outputs = device_runs_out
+    try:
+        apply_in_worker(Placement(threads=1))  # as a worker with a one-thread share starts
+        arm.reference("train", str(tmp_path / "fallback.safetensors"))
+        assert seen == [1, host]
+        assert torch.get_num_threads() == 1
+        assert set(os.sched_getaffinity(0)) == set(available_cores())
+    finally:
+        torch.set_num_threads(saved)
