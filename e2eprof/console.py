@@ -39,7 +39,7 @@ class ConsoleEvents:
             for arm, build in info["builds"].items():
                 sites = sum(s["count"] for s in build["sites"])
                 extra = f", patch replaced {sites} site(s)" if build["sites"] else ""
-                self.console.print(f"  [dim]{arm}: model built in {build['build_s']:.1f} s{extra}[/dim]")
+                self.console.print(f"  [dim]{arm}: model built in {build['build_s']:.1f} s{extra}{_start_up(build)}[/dim]")
         elif kind == "timing":
             self._stop_bar()
             # Only on a terminal: elsewhere (CI logs, files) a transient bar leaves nothing but empty lines.
@@ -297,3 +297,13 @@ def print_sweep(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir
         console.print(f"overall: [{VERDICT_STYLE[verdict]}]{verdict}[/] (worst of {len(overall)} point/workload verdicts: {counts})")
     _print_ranking(console, summary, run_dir, ranking)
     console.print(f"report: {run_dir}")
+
+
+def _start_up(build: dict) -> str:
+    """The worker's own start-up clock, where its platform has one: when its imports were done, its setup came and
+    its build began, in seconds since the process started (a process started early waits for its setup)."""
+    ages = build.get("process_age_s") or {}
+    if any(ages.get(k) is None for k in ("imported", "setup", "build")):
+        return ""
+    return (f" (process: imports done at {ages['imported']:.1f} s, setup at {ages['setup']:.1f} s, "
+            f"build began at {ages['build']:.1f} s)")

@@ -31,6 +31,7 @@ from e2eprof.workloads.batches import digest, synthetic_token_batches
 from e2eprof.workloads.loops import IGNORE_INDEX, make_workload
 from e2eprof.workloads.models import build_model, describe, resolve_model
 
+_SETUP_AT: float | None = None  # process_age() when worker_main got its setup
 N_BATCHES = 4  # distinct seeded batches cycled through, so no step reuses the previous step's input buffer
 # The phase of memory.parquet each command's peaks belong to (timed blocks run as many commands: one phase).
 MEMORY_PHASES = {"cold": "cold", "capture": "correctness", "reference": "correctness", "trained_like": "correctness",
@@ -111,6 +112,8 @@ class ArmWorker:
     def build(self) -> dict:
         setup = self.setup
         started = time.perf_counter()
+        # Where this process's start-up went, in its own clock: imports done, setup received, build begun.
+        ages = {"imported": _IMPORTED_AT, "setup": _SETUP_AT, "build": process_age()}
         # Every arm loads it, so every arm can report its counters (a stock arm of several candidates: all of them).
         self.loaded = load_candidate(setup.patch_spec)
         # Whether the patch fits the model was checked in the parent before any process started
@@ -137,6 +140,7 @@ class ArmWorker:
             "model": info,
             "sites": self.applied.sites if self.applied else [],
             "build_s": time.perf_counter() - started,
+            "process_age_s": ages,
             "batch_digest": digest(self.batches),
             "pid": os.getpid(),
             "placement": _placement_seen(),
@@ -437,8 +441,24 @@ class ArmWorker:
         return {}
 
 
+def process_age() -> float | None:
+    """Seconds since this process started, from Linux's /proc (None elsewhere): a worker's start-up in its own
+    clock, whoever started it (ArmProcess now, or harness/prestart.py before the parent's checks)."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+            return float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_IMPORTED_AT = process_age()  # this module and everything it imports (torch, transformers' base) loaded
+
+
 def worker_main(conn, setup: WorkerSetup) -> None:
     """Entry point of the spawned process: answer commands until 'close' or the pipe breaks."""
+    global _SETUP_AT
+    _SETUP_AT = process_age()
     # Ctrl-C reaches the whole process group; the parent decides how to stop and saves what was measured,
     # so workers ignore SIGINT and leave when the parent closes the pipe or terminates them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
