@@ -227,6 +227,14 @@ def max_positions(source: ModelSource) -> int | None:
 
     Read from the config alone, so a run can refuse a too-long --seq before it spawns workers.
     """
+    if source.kind == "preset":
+        # Every preset names its position table (GPT-2 as n_positions): read without building a config, because a
+        # transformers config class imports the modeling and distributed code with it (its docstring decorator
+        # loads modeling_auto): 5.1 s of the parent's start-up on an H100 host, before any check could run.
+        preset = PRESETS[source.name]
+        for key in ("max_position_embeddings", "n_positions"):
+            if key in preset:
+                return int(preset[key])
     from transformers import AutoConfig
 
     if source.kind == "preset":

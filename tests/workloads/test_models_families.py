@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from e2eprof.workloads.batches import synthetic_token_batches
+from e2eprof.workloads.presets import PRESETS
 from e2eprof.workloads.loops import (
     IGNORE_INDEX,
     check_workloads,
@@ -168,6 +169,22 @@ def test_sequence_longer_than_the_position_table_is_refused():
         check_workloads(resolve_model("bert-base"), ("infer",), 1024)
     check_workloads(resolve_model("bert-base"), ("infer",), 512)
     assert max_positions(resolve_model("gpt2")) == 1024 and max_positions(resolve_model("llama-1b")) == 2048
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_a_presets_position_count_read_from_its_entry_is_its_configs(name):
+    """max_positions reads a preset's entry instead of building its config (start-up time): the two must agree."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(**PRESETS[name])
+    assert max_positions(resolve_model(name)) == config.max_position_embeddings
+
+
+def test_reading_a_presets_position_count_imports_no_transformers():
+    code = ("import sys; from e2eprof.workloads.models import max_positions, resolve_model; "
+            "print(max_positions(resolve_model('gpt2')), any(m.startswith('transformers') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["1024", "False"]
 
 
 def test_mlm_mask_is_fixed_and_covers_15_percent():
