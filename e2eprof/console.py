@@ -300,10 +300,11 @@ def print_sweep(console: Console, summary: pd.DataFrame, verdicts: dict, run_dir
 
 
 def _start_up(build: dict) -> str:
-    """The worker's own start-up clock, where its platform has one: when its imports were done, its setup came and
-    its build began, in seconds since the process started (a process started early waits for its setup)."""
+    """The worker's own start-up clock, where its platform has one: when its imports were done, it read its setup and
+    its build began, in seconds since the process started. A process started early reads its setup once its imports
+    are done: a later read means the parent's checks were still running."""
     ages = build.get("process_age_s") or {}
     if any(ages.get(k) is None for k in ("imported", "setup", "build")):
         return ""
-    return (f" (process: imports done at {ages['imported']:.1f} s, setup at {ages['setup']:.1f} s, "
+    return (f" (process: imports done at {ages['imported']:.1f} s, setup read at {ages['setup']:.1f} s, "
             f"build began at {ages['build']:.1f} s)")
