@@ -83,10 +83,10 @@ class RankWorker(ArmWorker):
                                                 "for the trained-like capture"}
         return super().trained_like(workload)
 
-    def reference(self, workload: str, path: str) -> dict:
+    def reference(self, workload: str, path: str, host_fallback: bool = True) -> dict:
         """fp64 outputs a data-parallel capture must match, computed on rank 0 alone from a fresh stock model."""
         if workload not in DISTRIBUTED_WORKLOADS:
-            return super().reference(workload, path)
+            return super().reference(workload, path, host_fallback)
         if self.applied is not None:
             raise RuntimeError("the fp64 reference must come from an unpatched arm")
         if self.rank != 0:

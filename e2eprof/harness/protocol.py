@@ -113,10 +113,12 @@ class Capture(Command):
 
 @dataclass(frozen=True)
 class Reference(Command):
-    """The stock model's fp64 outputs on the same batch, saved at `path` (a stock arm only)."""
+    """The stock model's fp64 outputs on the same batch, saved at `path` (a stock arm only). host_fallback=False: when
+    the device runs out, answer {"out_of_memory": True} instead of moving to the host (the parent first makes room)."""
     name: ClassVar[str] = "reference"
     workload: str
     path: str
+    host_fallback: bool = True
 
 
 @dataclass(frozen=True)

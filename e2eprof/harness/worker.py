@@ -294,13 +294,14 @@ class ArmWorker:
             recorder.checks.clear()
         return {"op_checks": checks, "transform": moved.describe(), "seconds": time.perf_counter() - started}
 
-    def reference(self, workload: str, path: str) -> dict:
+    def reference(self, workload: str, path: str, host_fallback: bool = True) -> dict:
         """fp64 outputs of this arm's (stock) model on the same batch: the trusted reference.
 
         On the arm's device when it fits there beside the other arms' processes, else on the host from a model
         rebuilt there, on every core (isolation.whole_host): the reference is untimed, and without it the workload would lose its correctness gate and,
         with the baseline out of memory, its verdict (llama-1b training beside five processes on the H200).
-        "device" in the answer says where it ran.
+        "device" in the answer says where it ran. host_fallback=False: out of memory on the device answers
+        {"out_of_memory": True} instead, so the parent can ask again once the other processes have made room.
         """
         if self.applied is not None:
             raise RuntimeError("the fp64 reference must come from an unpatched arm")
@@ -315,6 +316,8 @@ class ArmWorker:
         if ran_out:
             # Outside the except block, so the traceback no longer pins the failed attempt's tensors.
             release(self.device)
+            if not host_fallback:
+                return {"out_of_memory": True}
             with whole_host():
                 outputs = self._fp64_outputs(workload, self._fresh_fp64_model(), torch.device("cpu"))
         _save_outputs(outputs, path)

@@ -142,3 +142,60 @@ def test_the_real_worker_answers_the_release_command(tmp_path):
     arm.build()
     assert arm.dispatch("release_cached_memory", {}) == {}
     assert arm.cold("infer")
+
+
+class ReferenceStandIn(StandIn):
+    """The baseline: its fp64 reference runs out of memory while any other process holds its cache."""
+
+    def __init__(self, name, device, caches):
+        super().__init__(name, device)
+        self.caches = caches
+
+    def receive(self):
+        command, kwargs, _ = self.pending
+        self.device.in_flight -= 1
+        self.device.log.append(f"receive {self.name}")
+        if command == "reference" and any(self.caches.values()):
+            assert not kwargs["host_fallback"], "the reference moved to the host before the others made room"
+            return {"out_of_memory": True}
+        return {"arm": self.name, "command": command, **kwargs, "path": kwargs.get("path")}
+
+
+class CacheHolder(StandIn):
+    def __init__(self, name, device, caches):
+        super().__init__(name, device)
+        self.caches = caches
+        caches[name] = True
+
+    def receive(self):
+        result = super().receive()
+        if result["command"] == "release_cached_memory":
+            self.caches[self.name] = False
+        return result
+
+
+def test_a_reference_out_of_memory_beside_the_captures_is_asked_again_once_the_others_emptied_their_caches():
+    from e2eprof.harness.protocol import Reference
+    from e2eprof.phases.gate import reference_alone
+
+    device, caches = Device(), {}
+    arms = {"baseline": ReferenceStandIn("baseline", device, caches),
+            **{n: CacheHolder(n, device, caches) for n in ("patched", "sdpa", "patched#1")}}
+    calls = {n: Capture("train", f"{n}.safetensors", verify=False) for n in arms if n != "baseline"}
+    calls["baseline"] = Reference("train", "fp64.safetensors", host_fallback=False)
+    results = overlapped(arms, state(), calls)
+    answer = reference_alone(arms, state(), "train", "fp64.safetensors", results.pop("baseline"))
+    assert answer["command"] == "reference" and answer["host_fallback"] is True and answer["path"] == "fp64.safetensors"
+    assert [c for c in device.commands if c[1] == "release_cached_memory"] == [
+        ("patched", "release_cached_memory"), ("sdpa", "release_cached_memory"), ("patched#1", "release_cached_memory")]
+    assert device.commands[-1] == ("baseline", "reference")
+
+
+def test_a_reference_that_fit_is_not_asked_again():
+    from e2eprof.phases.gate import reference_alone
+
+    device = Device()
+    arms = {"baseline": StandIn("baseline", device), "patched": StandIn("patched", device)}
+    first = {"path": "fp64.safetensors", "keys": ["loss"], "device": "cuda"}
+    assert reference_alone(arms, state(), "train", "fp64.safetensors", first) is first
+    assert device.commands == []

@@ -79,3 +79,16 @@ def test_the_host_fallback_uses_every_core_then_gives_the_placement_back(arm, tm
         assert set(os.sched_getaffinity(0)) == set(available_cores())
     finally:
         torch.set_num_threads(saved)
+
+
+def test_without_host_fallback_a_reference_out_of_memory_says_so_and_computes_nothing(arm, tmp_path):
+    attempts = []
+
+    def device_runs_out(workload_name, model64, device):
+        attempts.append(device)
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    arm._fp64_outputs = device_runs_out
+    path = tmp_path / "reference.safetensors"
+    assert arm.reference("train", str(path), host_fallback=False) == {"out_of_memory": True}
+    assert len(attempts) == 1 and not path.exists()  # no host attempt: the parent makes room and asks again
