@@ -62,3 +62,26 @@ def test_shape_mismatch_and_missing_outputs_fail(tmp_path):
                                  "patched": {"logits": torch.ones(3, 2)}})
     assert rows[("patched", "logits")]["metric"] == "shape_mismatch" and not rows[("patched", "logits")]["passed"]
     assert not rows[("patched", "loss")]["passed"] and rows[("patched", "loss")]["metric"] == "missing_outputs"
+
+
+def test_the_yardstick_of_one_reference_and_baseline_is_computed_once_and_again_when_a_file_changes(tmp_path, monkeypatch):
+    """The revalidation and later candidates judge against the same two files: the reference's norms and the
+    baseline's errors are reused, with the same rows; a rewritten reference is measured afresh."""
+    import e2eprof.checks.correctness as correctness
+
+    calls = []
+    real = correctness.reference_facts
+    monkeypatch.setattr(correctness, "reference_facts", lambda t: calls.append(1) or real(t))
+    g = torch.Generator().manual_seed(0)
+    ref = {"logits": torch.randn(4, 50, dtype=torch.float64, generator=g),
+           "grad/w": torch.randn(8, 8, dtype=torch.float64, generator=g)}
+    arms = {"baseline": {k: noisy(v, 1e-4, 1) for k, v in ref.items()},
+            "patched": {k: noisy(v, 1.5e-4, 2) for k, v in ref.items()}}
+    ref_path, paths = _captures(tmp_path, ref, arms)
+    first = compare_captures("train", ref_path, paths, PATCH, "fp32")
+    assert len(calls) == 2
+    again = compare_captures("train", ref_path, {"baseline": paths["baseline"], "patched": paths["patched"]}, PATCH, "fp32")
+    assert len(calls) == 2 and again == first
+    _save(tmp_path, "ref", {k: 2 * v for k, v in ref.items()} | {"extra": torch.zeros(3, dtype=torch.float64)})
+    changed = compare_captures("train", ref_path, paths, PATCH, "fp32")
+    assert len(calls) == 5 and changed != first
