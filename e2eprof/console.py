@@ -39,7 +39,8 @@ class ConsoleEvents:
             for arm, build in info["builds"].items():
                 sites = sum(s["count"] for s in build["sites"])
                 extra = f", patch replaced {sites} site(s)" if build["sites"] else ""
-                self.console.print(f"  [dim]{arm}: model built in {build['build_s']:.1f} s{extra}{_start_up(build)}[/dim]")
+                self.console.print(f"  [dim]{arm}: model built in {build['build_s']:.1f} s{extra}"
+                                   f"{_start_up(build)}[/dim]")
         elif kind == "timing":
             self._stop_bar()
             # Only on a terminal: elsewhere (CI logs, files) a transient bar leaves nothing but empty lines.

@@ -230,7 +230,8 @@ def max_positions(source: ModelSource) -> int | None:
     if source.kind == "preset":
         # Every preset names its position table (GPT-2 as n_positions): read without building a config, because a
         # transformers config class imports the modeling and distributed code with it (its docstring decorator
-        # loads modeling_auto): 5.1 s of the parent's start-up on an H100 host, before any check could run.
+        # loads modeling_auto): seconds of the parent's start-up on a GPU host, and the --seq default reads this
+        # before the workers are prestarted (reports/2026-12-07-h100-run-time/).
         preset = PRESETS[source.name]
         for key in ("max_position_embeddings", "n_positions"):
             if key in preset:

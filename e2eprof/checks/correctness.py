@@ -43,8 +43,8 @@ _YARDSTICKS_KEPT = 4
 
 def _yardstick(reference_path: str, baseline_path: str, reference: dict, baseline: dict) -> tuple[dict, dict]:
     """The reference's own norms and the baseline's errors against it, per tensor: computed once per pair of files.
-    Gradients (a 124M-parameter model's worth in fp64) dominate the cost: about 1.4 s of the parent's time per call
-    on a 2-core CPU, paid again by the revalidation and by each further candidate without this."""
+    Gradients (a 124M-parameter model's worth in fp64) dominate the cost, seconds of the parent's time on a small
+    CPU, which the revalidation and each further candidate would otherwise pay again."""
     key = tuple((path, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
                 for path in (reference_path, baseline_path) for stat in (os.stat(path),))
     if key not in _YARDSTICKS:

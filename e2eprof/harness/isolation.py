@@ -155,8 +155,8 @@ def whole_host() -> Iterator[None]:
     """Around untimed host work that no timed step runs beside (the fp64 reference when the device has no room for
     it): every core the process had before its placement, and an intra-op thread per core; the placement's after.
 
-    A worker's share is a few threads (six processes on 16 cores get two each), and the fp64 reference of gpt2
-    training at 8 x 1024 on two threads took 113 s of a run's correctness phase on an H100 host.
+    A worker's share is a few threads (six processes on 16 cores get two each); an fp64 reference of gpt2 training
+    on such a share took most of a run's correctness phase (reports/2026-12-07-h100-run-time/).
     """
     import torch
 

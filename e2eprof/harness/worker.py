@@ -298,8 +298,9 @@ class ArmWorker:
         """fp64 outputs of this arm's (stock) model on the same batch: the trusted reference.
 
         On the arm's device when it fits there beside the other arms' processes, else on the host from a model
-        rebuilt there, on every core (isolation.whole_host): the reference is untimed, and without it the workload would lose its correctness gate and,
-        with the baseline out of memory, its verdict (llama-1b training beside five processes on the H200).
+        rebuilt there, on every core (isolation.whole_host): the reference is untimed, and without it the workload
+        would lose its correctness gate and, with the baseline out of memory, its verdict (llama-1b training beside
+        five processes on the H200).
         "device" in the answer says where it ran. host_fallback=False: out of memory on the device answers
         {"out_of_memory": True} instead, so the parent can ask again once the other processes have made room.
         """
