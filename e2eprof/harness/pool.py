@@ -107,10 +107,16 @@ def overlapped(processes, state, calls: dict[str, Command], *,
         # (captures, an fp64 reference) has just filled them, and an arm retried alone still shares the device
         # with every process's cache. llama-1b's train gate on the H200 ran out this way with two processes per
         # arm and the compile arm beside the fp64 reference.
-        overlapped(processes, state, {key: ReleaseCachedMemory() for key in processes if key not in alone},
-                    retry_out_of_memory=False)
+        release_caches(processes, state, keep=alone)
     for arm in alone:
         result = call(processes, state, arm, calls[arm])
         if result is not None:
             results[arm] = result
     return results
+
+
+def release_caches(processes, state, keep) -> None:
+    """Every process but those in `keep` empties its allocator's cache, all at once: room for a command that ran out
+    of memory beside them and is asked again alone."""
+    overlapped(processes, state, {key: ReleaseCachedMemory() for key in processes if key not in keep},
+               retry_out_of_memory=False)

@@ -31,9 +31,6 @@ from e2eprof.workloads.batches import digest, synthetic_token_batches
 from e2eprof.workloads.loops import IGNORE_INDEX, make_workload
 from e2eprof.workloads.models import build_model, describe, resolve_model
 
-# process_age() when worker_main got its setup: for a process started early, when it read the setup from its pipe,
-# which is after its imports however early the parent sent it.
-_SETUP_AT: float | None = None
 N_BATCHES = 4  # distinct seeded batches cycled through, so no step reuses the previous step's input buffer
 # The phase of memory.parquet each command's peaks belong to (timed blocks run as many commands: one phase).
 MEMORY_PHASES = {"cold": "cold", "capture": "correctness", "reference": "correctness", "trained_like": "correctness",
@@ -459,6 +456,9 @@ def process_age() -> float | None:
 
 
 _IMPORTED_AT = process_age()  # this module and everything it imports (torch, transformers' base) loaded
+# process_age() when worker_main got its setup: for a process started early, when it read the setup from its pipe,
+# which is after its imports however early the parent sent it.
+_SETUP_AT: float | None = None
 
 
 def note_imports_done() -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 from e2eprof.harness.arm_process import ArmFailed
 from e2eprof.checks.correctness import compare_captures, op_check_rows
 from e2eprof.distributed import ranks as dp
-from e2eprof.harness.pool import call, overlapped
+from e2eprof.harness.pool import call, overlapped, release_caches
 from e2eprof.harness.unit import Unit
 from e2eprof.patching import call_check_rows
 from e2eprof.sweep import is_oom
-from e2eprof.harness.protocol import Capture, Reference, ReleaseCachedMemory, TrainedLike, scratch_path
+from e2eprof.harness.protocol import Capture, Reference, TrainedLike, scratch_path
 
 
 def correctness_gate(unit: Unit) -> None:
@@ -70,8 +70,7 @@ def reference_alone(processes, state, workload: str, path: str, first: dict | No
     on an 80 GB card, reports/2026-12-07-h100-run-time/)."""
     if not first or not first.get("out_of_memory"):
         return first
-    overlapped(processes, state, {key: ReleaseCachedMemory() for key in processes if key != "baseline"},
-               retry_out_of_memory=False)
+    release_caches(processes, state, keep=("baseline",))
     return call(processes, state, "baseline", Reference(workload, path, host_fallback=True))
 
 
