@@ -96,6 +96,24 @@ def _print_top_changes(console: Console, run_dir, workload: str, top: int = 5) -
             console.print(f"    {r.delta_us / 1e3:+8.3f} ms  {r.op} [{r.direction}] in {r.module} ({r.status})")
 
 
+def _print_run_notes(console: Console, run_dir, workload: str) -> None:
+    """What changed the shape of a workload's measurement without failing a check, said under its table: a replica
+    dropped out of memory (its arm went on with fewer processes, so its interval leans on the noise floor) and the
+    fp64 reference moved to the host. They are informational rows of correctness.parquet, and a reader of the
+    console alone once took a run with both for one that had every process and the reference on the GPU."""
+    from e2eprof.tables.rundir import RunDir
+
+    rows = RunDir(run_dir).read_if_present("correctness")
+    if rows is None or not {"workload", "metric", "detail"} <= set(rows.columns):
+        return
+    rows = rows[(rows.workload == workload) & rows.metric.isin(("replica_dropped", "reference_on_host"))]
+    for row in rows.drop_duplicates(["arm", "metric", "detail"]).itertuples():
+        if row.metric == "replica_dropped":  # "<key> ran out of memory during <phase> beside ...: <the error>"
+            console.print(f"  note: {row.detail.split(': ', 1)[0]}; dropped, {row.arm} went on with fewer processes")
+        else:
+            console.print(f"  note: {row.detail}")
+
+
 def _reference_arms(rows: pd.DataFrame) -> list[str]:
     """Stock arms the candidate was compared with: every speedup_vs_<arm> column with a value."""
     return [c.removeprefix("speedup_vs_") for c in rows.columns
@@ -154,6 +172,7 @@ def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_d
             console.print(f"  timing: {int(candidate.get('blocks', 0))} blocks per arm ({candidate.get('stop_reason', '-')})"
                           + (f" in each of {processes} processes" if processes > 1 else "")
                           + f"; smallest resolvable effect ~{candidate['mde'] * 100:.2f}%")
+        _print_run_notes(console, run_dir, workload)
         for _, each in candidate_rows.iterrows():  # every candidate answers for itself
             if line := _beats_line(each, references):
                 console.print(f"  {each['arm']}: {line}")
