@@ -97,21 +97,14 @@ def _print_top_changes(console: Console, run_dir, workload: str, top: int = 5) -
 
 
 def _print_run_notes(console: Console, run_dir, workload: str) -> None:
-    """What changed the shape of a workload's measurement without failing a check, said under its table: a replica
-    dropped out of memory (its arm went on with fewer processes, so its interval leans on the noise floor) and the
-    fp64 reference moved to the host. They are informational rows of correctness.parquet, and a reader of the
-    console alone once took a run with both for one that had every process and the reference on the GPU."""
+    """What changed the shape of a workload's measurement without failing a check, said under its table (see
+    render.tables.measurement_notes): a reader of the console alone once took a run with two replicas dropped and
+    the reference on the host for one with every process and the reference on the GPU."""
+    from e2eprof.render.tables import measurement_notes
     from e2eprof.tables.rundir import RunDir
 
-    rows = RunDir(run_dir).read_if_present("correctness")
-    if rows is None or not {"workload", "metric", "detail"} <= set(rows.columns):
-        return
-    rows = rows[(rows.workload == workload) & rows.metric.isin(("replica_dropped", "reference_on_host"))]
-    for row in rows.drop_duplicates(["arm", "metric", "detail"]).itertuples():
-        if row.metric == "replica_dropped":  # "<key> ran out of memory during <phase> beside ...: <the error>"
-            console.print(f"  note: {row.detail.split(': ', 1)[0]}; dropped, {row.arm} went on with fewer processes")
-        else:
-            console.print(f"  note: {row.detail}")
+    for _, note in measurement_notes(RunDir(run_dir).read_if_present("correctness"), workload):
+        console.print(f"  note: {note}")
 
 
 def _reference_arms(rows: pd.DataFrame) -> list[str]:

@@ -253,6 +253,10 @@ def _correctness_section(run: t.RunTables, level: int = 2, anchor: str = "") -> 
             parts.append(_note(f"{n_failed - shown} more failed checks in correctness.parquet."))
     else:
         parts.append("<p>No failed checks.</p>")
+    notes = t.measurement_notes(run.get("correctness"))
+    if notes:
+        parts.append(_h(level + 1, "Notes on what the figures rest on") + "<ul>" + "".join(
+            f"<li>{escape(workload)}: {escape(note)}</li>" for workload, note in notes) + "</ul>")
     parts.append(_h(level + 1, "Checks passed per workload and arm") + _table(t.correctness_counts(run)))
     return "".join(parts) + "</section>"
 

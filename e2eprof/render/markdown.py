@@ -160,6 +160,9 @@ def _correctness(run: t.RunTables) -> list[str]:
             out += [f"({n_failed - len(failures.rows)} more in correctness.parquet)", ""]
     else:
         out += ["No failed checks.", ""]
+    notes = t.measurement_notes(run.get("correctness"))
+    if notes:
+        out += ["Notes on what the figures rest on:", "", *[f"- {workload}: {note}" for workload, note in notes], ""]
     return out + ["Checks passed per workload and arm:", "", _table(t.correctness_counts(run)), ""]
 
 

@@ -27,7 +27,8 @@ __all__ = [
     "has_points", "is_sweep", "load_run", "missing", "point_label", "points", "sweep_line", "workloads",
     "REASON_MEANING", "WorkloadVerdict", "candidates", "grid_cell_text", "mixed_direction", "overall_verdict", "sweep_speedups",
     "verdict_grid", "workload_verdicts", "reference_arms", "confidence_label", "speedup_table", "amdahl_table",
-    "amdahl_details", "balance_table", "correctness_failures", "correctness_counts", "run_facts", "flatten",
+    "amdahl_details", "balance_table", "correctness_failures", "correctness_counts", "measurement_notes", "NOTE_METRICS",
+    "run_facts", "flatten",
     "telemetry_note", "title", "device_line",
 ]
 
@@ -142,6 +143,28 @@ def correctness_failures(run: RunTables, limit: int = 50) -> tuple[Table | None,
     table = Table(["workload", "arm", "tensor", "metric", "value", "tolerance", "detail"], body, numeric={4, 5},
                   row_classes=["fail"] * len(body))
     return table, len(failed)
+
+
+# Informational rows (passed) that change what a workload's figures rest on: said in words wherever results are shown.
+NOTE_METRICS = ("replica_dropped", "reference_on_host")
+
+
+def measurement_notes(checks: pd.DataFrame | None, workload: str | None = None) -> list[tuple[str, str]]:
+    """(workload, sentence) for each replica dropped out of memory (its arm went on with fewer processes, so its
+    interval leans on the noise floor) and each fp64 reference moved to the host; one workload's only if given."""
+    if checks is None or not {"workload", "arm", "metric", "detail"} <= set(checks.columns):
+        return []
+    rows = checks[checks["metric"].isin(NOTE_METRICS)]
+    if workload is not None:
+        rows = rows[rows["workload"] == workload]
+    notes = []
+    for row in rows.drop_duplicates(["workload", "arm", "metric", "detail"]).itertuples():
+        if row.metric == "replica_dropped":  # "<key> ran out of memory during <phase> beside ...: <the error>"
+            notes.append((str(row.workload), f"{str(row.detail).split(': ', 1)[0]}; dropped, {row.arm} went on with "
+                                             "fewer processes"))
+        else:
+            notes.append((str(row.workload), str(row.detail)))
+    return notes
 
 
 def correctness_counts(run: RunTables) -> Table | None:

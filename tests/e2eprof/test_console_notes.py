@@ -1,5 +1,5 @@
-"""The console says under a workload's table when its measurement changed shape without failing a check: replicas
-dropped out of memory, the fp64 reference moved to the host. Read from real H100 runs' tables (tests/data)."""
+"""The console, report.md and report.html say when a workload's measurement changed shape without failing a check:
+replicas dropped out of memory, the fp64 reference moved to the host. Read from real H100 runs' tables (tests/data)."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -51,3 +51,15 @@ def test_a_run_without_such_rows_prints_no_note(tmp_path):
     correctness = pd.read_parquet(run / "correctness.parquet")
     correctness[~correctness.metric.isin(["replica_dropped"])].to_parquet(tmp_path / "correctness.parquet")
     assert "note:" not in printed(tmp_path)
+
+
+def test_the_written_reports_carry_the_same_notes():
+    from e2eprof.render.html import render_html
+    from e2eprof.render.markdown import render_markdown
+    from e2eprof.render.run_tables import load_run
+
+    run = load_run(RUNS / "2026-12-05-h100-gpt2-softmax-candidates")
+    markdown, html = render_markdown(run), render_html(run)
+    assert "Notes on what the figures rest on" in markdown and "Notes on what the figures rest on" in html
+    assert "- train: the fp64 reference did not fit on cuda" in markdown
+    assert "<li>train: the fp64 reference did not fit on cuda" in html
