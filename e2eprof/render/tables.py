@@ -150,20 +150,24 @@ NOTE_METRICS = ("replica_dropped", "reference_on_host")
 
 
 def measurement_notes(checks: pd.DataFrame | None, workload: str | None = None) -> list[tuple[str, str]]:
-    """(workload, sentence) for each replica dropped out of memory (its arm went on with fewer processes, so its
-    interval leans on the noise floor) and each fp64 reference moved to the host; one workload's only if given."""
+    """(where, sentence) for each replica dropped out of memory (its arm went on with fewer processes, so its
+    interval leans on the noise floor) and each fp64 reference moved to the host; one workload's only if given.
+    `where` is the workload, with the sweep point before it when the run has several points."""
     if checks is None or not {"workload", "arm", "metric", "detail"} <= set(checks.columns):
         return []
     rows = checks[checks["metric"].isin(NOTE_METRICS)]
     if workload is not None:
         rows = rows[rows["workload"] == workload]
+    several_points = "point" in checks and checks["point"].nunique() > 1
     notes = []
-    for row in rows.drop_duplicates(["workload", "arm", "metric", "detail"]).itertuples():
-        if row.metric == "replica_dropped":  # "<key> ran out of memory during <phase> beside ...: <the error>"
-            notes.append((str(row.workload), f"{str(row.detail).split(': ', 1)[0]}; dropped, {row.arm} went on with "
-                                             "fewer processes"))
+    keys = [c for c in ("point", "workload", "arm", "metric", "detail") if c in rows]
+    for _, row in rows.drop_duplicates(keys).iterrows():
+        where = f"{row['point']} {row['workload']}" if several_points else str(row["workload"])
+        if row["metric"] == "replica_dropped":  # "<key> ran out of memory during <phase> beside ...: <the error>"
+            notes.append((where, f"{str(row['detail']).split(': ', 1)[0]}; dropped, {row['arm']} went on with fewer "
+                                 "processes"))
         else:
-            notes.append((str(row.workload), str(row.detail)))
+            notes.append((where, str(row["detail"])))
     return notes
 
 

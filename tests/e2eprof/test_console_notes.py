@@ -33,8 +33,8 @@ def test_dropped_replicas_are_named_under_their_workload():
     # The default command on an 80 GB H100 (2026-12-07): both training replicas ran out of memory in the cold step.
     text = printed(RUNS / "2026-12-07-h100-default-first")
     train = section(text, "train")
-    assert "note: baseline#1 ran out of memory during cold beside the other processes; dropped, baseline went on" in train
-    assert "note: patched#1 ran out of memory during cold beside the other processes; dropped, patched went on" in train
+    for key, arm in (("baseline#1", "baseline"), ("patched#1", "patched")):
+        assert f"note: {key} ran out of memory during cold beside the other processes; dropped, {arm} went on" in train
     assert "OutOfMemoryError" not in train  # the error's text stays in correctness.parquet
     assert "note:" not in section(text, "infer") and "note:" not in section(text, "decode")
 
@@ -63,3 +63,13 @@ def test_the_written_reports_carry_the_same_notes():
     assert "Notes on what the figures rest on" in markdown and "Notes on what the figures rest on" in html
     assert "- train: the fp64 reference did not fit on cuda" in markdown
     assert "<li>train: the fp64 reference did not fit on cuda" in html
+
+
+def test_a_sweep_names_the_point_of_each_note():
+    from e2eprof.render.tables import measurement_notes
+
+    checks = pd.read_parquet(RUNS / "2026-12-07-h100-default-first" / "correctness.parquet")
+    other = checks.assign(point="b4-s1024-bf16")
+    notes = measurement_notes(pd.concat([checks, other]))
+    assert [where for where, _ in notes] == ["b8-s1024-bf16 train"] * 2 + ["b4-s1024-bf16 train"] * 2
+    assert [where for where, _ in measurement_notes(checks)] == ["train", "train"]  # one point: the workload alone
