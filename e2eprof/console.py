@@ -96,17 +96,6 @@ def _print_top_changes(console: Console, run_dir, workload: str, top: int = 5) -
             console.print(f"    {r.delta_us / 1e3:+8.3f} ms  {r.op} [{r.direction}] in {r.module} ({r.status})")
 
 
-def _print_run_notes(console: Console, run_dir, workload: str) -> None:
-    """What changed the shape of a workload's measurement without failing a check, said under its table (see
-    render.tables.measurement_notes): a reader of the console alone once took a run with two replicas dropped and
-    the reference on the host for one with every process and the reference on the GPU."""
-    from e2eprof.render.tables import measurement_notes
-    from e2eprof.tables.rundir import RunDir
-
-    for _, note in measurement_notes(RunDir(run_dir).read_if_present("correctness"), workload):
-        console.print(f"  note: {note}")
-
-
 def _reference_arms(rows: pd.DataFrame) -> list[str]:
     """Stock arms the candidate was compared with: every speedup_vs_<arm> column with a value."""
     return [c.removeprefix("speedup_vs_") for c in rows.columns
@@ -133,6 +122,13 @@ def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_d
     if "point" in summary and summary["point"].nunique() > 1:
         print_sweep(console, summary, verdicts, run_dir, ranking)
         return
+    # What changed a workload's measurement without failing a check (render.tables.measurement_notes), said under its
+    # table: a reader of the console alone once took a run with two replicas dropped and the reference on the host
+    # for one with every process and the reference on the GPU. Read once for every workload.
+    from e2eprof.render.tables import measurement_notes
+    from e2eprof.tables.rundir import RunDir
+
+    checks = RunDir(run_dir).read_if_present("correctness")
     for workload, rows in summary.groupby("workload", sort=False):
         references = _reference_arms(rows)
         candidate_rows = rows[rows.verdict.notna()] if "verdict" in rows else rows.iloc[0:0]
@@ -165,7 +161,8 @@ def print_summary(console: Console, summary: pd.DataFrame, verdicts: dict, run_d
             console.print(f"  timing: {int(candidate.get('blocks', 0))} blocks per arm ({candidate.get('stop_reason', '-')})"
                           + (f" in each of {processes} processes" if processes > 1 else "")
                           + f"; smallest resolvable effect ~{candidate['mde'] * 100:.2f}%")
-        _print_run_notes(console, run_dir, workload)
+        for _, note in measurement_notes(checks, workload):
+            console.print(f"  note: {note}")
         for _, each in candidate_rows.iterrows():  # every candidate answers for itself
             if line := _beats_line(each, references):
                 console.print(f"  {each['arm']}: {line}")
