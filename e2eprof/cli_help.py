@@ -55,5 +55,6 @@ REPLICAS_HELP = ("Identical worker processes for the baseline and the candidate 
                  "part of the interval by sqrt(N).")
 ISOLATE_HELP = ("Worker isolation: all, none, or a comma list of cores (own CPU cores per worker), threads (intra-op "
                 "threads sized to them), passive (idle OpenMP threads sleep), gc (no garbage collection inside timed "
-                "steps) (default: threads,passive,gc).")
+                "steps), malloc (freed host blocks stay with the process between steps) (default: threads,passive,gc; "
+                "on a CPU also malloc).")
 OUT_HELP = "Report directory (default: e2eprof-runs/<UTC time>-<model>-<patch>/ under the working directory)."

@@ -233,7 +233,7 @@ class CompareConfig:
         if not 0 <= self.budget_seconds <= 86400:
             raise UsageError(f"--budget: must be between 0 and 86400 seconds, got {self.budget_seconds}")
         try:
-            object.__setattr__(self, "isolate", isolation.parse(self.isolate))
+            object.__setattr__(self, "isolate", isolation.parse(self.isolate, self.device))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         if not isinstance(self.max_blocks, int) or self.max_blocks < self.n_blocks:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -306,7 +305,7 @@ def _compare(config: CompareConfig, events: Events, resume: bool, prestarted: Pr
     finally:
         sampler.stop()
         state.flush()
-        shutil.rmtree(scratch, ignore_errors=True)
+        scratch_folder.remove(scratch)
     overall = run_row["verdict"]
     return Report(out_dir, run_id, pd.DataFrame(summary), verdicts, overall)
 

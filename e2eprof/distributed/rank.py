@@ -96,7 +96,7 @@ class RankWorker(ArmWorker):
                                        describe(model64)["vocab_size"])
         outputs = reference_capture(model64, self.device, batches)
         del model64
-        _save_outputs(outputs, path)
+        path = _save_outputs(outputs, path)
         return {"path": path, "keys": sorted(outputs)}
 
 

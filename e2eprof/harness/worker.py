@@ -20,8 +20,9 @@ import torch
 
 from e2eprof.trackers import jit_events
 from e2eprof.config import DECODING_WORKLOADS
+from e2eprof.harness import scratch
 from e2eprof.harness.protocol import WorkerSetup
-from e2eprof.harness.isolation import apply_in_worker, freeze_survivors, gc_off_the_clock, whole_host
+from e2eprof.harness.isolation import apply_in_worker, freeze_survivors, gc_off_the_clock, host_blocks_kept, whole_host
 from e2eprof.trackers.memory import MemoryTracker, check_test_limit, release
 from e2eprof.candidates import apply_any, load_candidate
 from e2eprof.patching import AppliedPatch
@@ -243,7 +244,7 @@ class ArmWorker:
         finally:
             if self.applied is not None:
                 self.applied.set_verify(False)
-        _save_outputs(outputs, path)
+        path = _save_outputs(outputs, path)
         checks = []
         if self.applied is not None and verify:
             checks = [vars(c) | {"problems": list(c.problems)} for c in self.applied.checks()]
@@ -318,7 +319,7 @@ class ArmWorker:
                 return {"out_of_memory": True}
             with whole_host():
                 outputs = self._fp64_outputs(workload, self._fresh_fp64_model(), torch.device("cpu"))
-        _save_outputs(outputs, path)
+        path = _save_outputs(outputs, path)
         return {"path": path, "keys": sorted(outputs), "device": "cpu" if ran_out else self.device.type}
 
     def _fp64_outputs(self, workload: str, model64: torch.nn.Module, device: torch.device) -> dict:
@@ -501,10 +502,15 @@ def worker_main(conn, setup: WorkerSetup) -> None:
 def _placement_seen() -> dict:
     """Where this process really runs (e2eprof.harness.isolation asked for it; the OS and torch say what took effect)."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return {"cores": cores, "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+    return {"cores": cores, "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "host_blocks_kept": host_blocks_kept()}
 
 
-def _save_outputs(outputs: dict, path: str) -> None:
+def _save_outputs(outputs: dict, path: str) -> str:
+    """Write a capture meant for `path`; return where it went (scratch.write_path: in memory when it fits)."""
     from safetensors.torch import save_file
 
-    save_file({k: v.contiguous() for k, v in outputs.items()}, path)
+    tensors = {k: v.contiguous() for k, v in outputs.items()}
+    written = scratch.write_path(path, sum(t.numel() * t.element_size() for t in tensors.values()))
+    save_file(tensors, written)
+    return written

@@ -14,6 +14,7 @@ from e2eprof.harness.unit import Unit
 from e2eprof.patching import call_check_rows
 from e2eprof.sweep import is_oom
 from e2eprof.harness.protocol import Capture, Reference, TrainedLike, scratch_path
+from e2eprof.harness.scratch import located
 
 
 def correctness_gate(unit: Unit) -> None:
@@ -145,8 +146,8 @@ def _revalidate(unit: Unit, arm: str) -> None:
     if result is None:
         return  # recorded as arm_failed
     rows = op_check_rows(workload, arm, result["op_checks"]) + call_check_rows(workload, arm, result["op_checks"])
-    reference = Path(scratch_path(str(scratch), "fp64", workload, "reference"))
-    baseline = Path(scratch_path(str(scratch), "baseline", workload, "capture"))
+    reference = Path(located(scratch_path(str(scratch), "fp64", workload, "reference")))
+    baseline = Path(located(scratch_path(str(scratch), "baseline", workload, "capture")))
     if reference.exists() and baseline.exists():
         rows += [r for r in compare_captures(workload, str(reference), {"baseline": str(baseline), arm: result["path"]},
                                              unit.patch_of(arm), config.precision) if r["arm"] == arm]

@@ -110,9 +110,13 @@ def check_test_limit(arm: str, batch: int, seq: int) -> None:
 
 
 def release(device: torch.device) -> None:
-    """Give cached memory back after an out-of-memory error, so the next attempt starts from a clean allocator."""
+    """Give cached memory back (after an untimed check, a workload's end, running out of memory), so the next phase
+    or attempt starts from a clean allocator: the device's cache, and the host blocks the malloc isolation part keeps."""
     import gc
+
+    from e2eprof.harness.isolation import release_host_memory
 
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    release_host_memory()

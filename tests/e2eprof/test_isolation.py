@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 from e2eprof.harness.arm_process import ArmProcess
 from e2eprof.config import CompareConfig
 from e2eprof.errors import UsageError
+from e2eprof.harness import isolation
 from e2eprof.harness.isolation import PARTS, Placement, environment, gc_off_the_clock, parse, plan
 from e2eprof.harness.protocol import ArmSpec, Build, Warmup, WorkerSetup
 
@@ -84,3 +86,38 @@ def test_a_worker_runs_where_it_was_placed(tmp_path):
         process.close()
     assert seen["cores"] == [core] and seen["threads"] == 1
     assert seen["omp_wait_policy"] == (os.environ.get("OMP_WAIT_POLICY") or "PASSIVE")
+
+
+def test_malloc_is_a_cpu_default_and_all_includes_it():
+    assert parse(None, "cpu") == ("threads", "passive", "gc", "malloc")
+    assert parse(None, "cuda:0") == parse(None) == ("threads", "passive", "gc")
+    assert "malloc" in parse("all") and parse("malloc") == ("malloc",)
+    assert all(p.keep_host_blocks for p in plan(3, parse(None, "cpu"), cores=(0, 1)))
+    assert not any(p.keep_host_blocks for p in plan(3, parse(None, "cuda"), cores=(0, 1)))
+
+
+_FAULTS = """
+import resource, sys, torch
+from e2eprof.harness import isolation
+if sys.argv[1] == "keep":
+    assert isolation.keep_host_blocks()
+for _ in range(12):  # the first blocks are faulted in either way (kept: until the heap has room for the pattern)
+    torch.ones(64 * 2**20 // 4)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    torch.ones(64 * 2**20 // 4)  # 64 MB, freed at once: glibc maps and unmaps a block this size every time
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or isolation._glibc() is None, reason="glibc's mallopt")
+def test_kept_host_blocks_are_not_faulted_in_again():
+    import subprocess
+
+    def faults(mode):
+        out = subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True, check=True)
+        return int(out.stdout.split()[-1])
+
+    default, kept = faults("default"), faults("keep")
+    assert default > 10 * 64 * 2**20 // 4096 // 2, default  # most of ten 64 MB blocks' pages faulted in again
+    assert kept < default / 20, (kept, default)
