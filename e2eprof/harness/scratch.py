@@ -8,9 +8,9 @@ container's mounted /tmp), of another user, or not named by this module is left 
 
 Each folder has a twin of the same name in /dev/shm where that is a tmpfs (Linux) and TMPDIR does not say
 otherwise: a capture that fits there, with room left in memory, is written to the twin (write_path) and read from
-wherever it is (located). gpt2 training's fp64 reference is ~1 GB of gradients: safetensors wrote it to a 2-core
-VM's /tmp in 3.0 s and to /dev/shm in 0.4 s (1 GiB, this module's commit message has the command). A capture that
-does not fit goes to the disk folder, as before.
+wherever it is (located). gpt2 training's fp64 reference is ~1 GB of gradients, written once and read by the parent
+and the revalidation; on a 2-core VM safetensors wrote 1 GiB to /tmp in 3.0 s and to /dev/shm in 0.4 s. A capture
+that does not fit goes to the disk folder, as before.
 """
 
 from __future__ import annotations
