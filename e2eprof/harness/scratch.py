@@ -55,7 +55,9 @@ def write_path(path: str, nbytes: int) -> str:
     """Where a capture of `nbytes` meant for `path` (in a scratch folder) is written: its twin in memory when the
     folder has one with room for it and the machine keeps enough memory free beside it, else `path`. A copy of the
     same name in the other place is removed, so located() never finds a stale one."""
-    twin = MEMORY_ROOT / Path(path).parent.name / Path(path).name
+    twin = _twin(path)
+    if twin is None:
+        return path
     chosen, other = (str(twin), path) if twin.parent.is_dir() and _room_in_memory(twin.parent, nbytes) else (path, str(twin))
     try:
         os.remove(other)
@@ -66,8 +68,14 @@ def write_path(path: str, nbytes: int) -> str:
 
 def located(path: str) -> str:
     """Where the capture meant for `path` was written (write_path)."""
-    twin = MEMORY_ROOT / Path(path).parent.name / Path(path).name
-    return str(twin) if twin.exists() else path
+    twin = _twin(path)
+    return str(twin) if twin is not None and twin.exists() else path
+
+
+def _twin(path: str) -> Path | None:
+    """The place in memory of a file meant for a scratch folder; None for a path outside one."""
+    folder = Path(path).parent.name
+    return MEMORY_ROOT / folder / Path(path).name if folder.startswith(PREFIX) else None
 
 
 def _memory_root_usable() -> bool:

@@ -81,6 +81,14 @@ def test_without_room_the_capture_goes_to_disk_and_an_older_copy_in_memory_is_re
     assert not stale.exists() and scratch.located(meant) == meant
 
 
+def test_a_path_outside_a_scratch_folder_is_written_where_it_was_meant(tmp_path, monkeypatch):
+    memory = _twin_root(tmp_path, monkeypatch)
+    (memory / "elsewhere").mkdir()
+    meant = str(tmp_path / "elsewhere" / "capture.safetensors")
+    assert scratch.write_path(meant, 10) == meant and scratch.located(meant) == meant
+    assert scratch.write_path("capture.safetensors", 10) == "capture.safetensors"
+
+
 def test_no_twin_when_tmpdir_is_the_users_choice(monkeypatch):
     monkeypatch.setenv("TMPDIR", "/somewhere/else")
     assert not scratch._memory_root_usable()
