@@ -12,7 +12,10 @@ function (`kernel`) skips the dispatcher (kernels/_dispatch.py run_directly); `o
 the path taken under torch.compile, a profiler or a dispatch mode; `impl` calls the op's Python implementation
 directly; `launch` calls the device code alone, after only a view of the inputs to its 2-D or flat layout (the Triton
 launcher on CUDA, cpu.py on the CPU). op - impl is the dispatcher's share, kernel - impl the public function's
-routing, impl - launch the wrapper's (checks, reshapes, counters), launch the rest.
+routing, impl - launch the wrapper's (checks, reshapes, counters), launch the rest. It also splits the backward:
+kind `fwd-grad` is the forward recording autograd's graph (dropped unused), so fwd+bwd - fwd-grad is what the
+backward adds; `launch`/`bwd` is the backward's device code alone, and the backward less it is autograd's engine,
+the Python backward and gradient accumulation.
 
 Usage (from the checkout): PYTHONPATH=$PWD python3 benchmarks/host_overhead.py --out DIR [--device cuda|cpu] [--layers]
 Writes DIR/host_overhead.parquet (one row per block: kernel, arm, kind, block, us_per_call) and
@@ -115,8 +118,60 @@ def layers(device: str) -> dict[str, tuple[Callable, Callable, Callable, Callabl
     }
 
 
+def backward_layers(device: str) -> dict[str, tuple[Callable, Callable[[], tuple]]]:
+    """kernel -> (its backward's device code alone, inputs factory): what a backward call launches, without autograd,
+    the op or the checks an eager call's backward skips (the Triton launcher on CUDA, cpu.py on the CPU)."""
+    import e2eprof.kernels.fastgelu.op as gelu_op
+    import e2eprof.kernels.fastlayernorm.op as layernorm_op
+    import e2eprof.kernels.fastsoftmax.op as softmax_op
+    import e2eprof.kernels.fusedsoftmax.op as fused_op
+    import e2eprof.kernels.rmsnorm.op as rmsnorm_op
+    import e2eprof.kernels.swiglu.op as swiglu_op
+    from e2eprof.kernels._dispatch import triton_kernels
+
+    cuda = device == "cuda"
+
+    def code(op_module):
+        return triton_kernels(op_module.__package__) if cuda else op_module.cpu
+
+    def t(shape):
+        return torch.randn(shape, device=device)
+
+    c = HIDDEN[-1]
+    as_rows = (lambda x: x) if cuda else (lambda x: x.view(-1, x.shape[-1]))
+    as_flat = (lambda x: x) if cuda else (lambda x: x.view(-1))
+    sm, fs, ge, ln = code(softmax_op), code(fused_op), code(gelu_op), code(layernorm_op)
+    rn, sw = code(rmsnorm_op), code(swiglu_op)
+
+    def layer_norm_inputs() -> tuple:
+        x, w, b = t(HIDDEN), t(c), t(c)
+        _, mean, rstd = ln.layer_norm_forward(as_rows(x), w, b, 1e-5, x.dtype)
+        return t(HIDDEN), x, mean, rstd, w
+
+    if cuda:  # the eager backward's call (op.py's _gradients): no checks, dweight and dbias views of one result
+        def layer_norm_bwd(dy, x, mean, rstd, w):
+            return ln.layer_norm_backward_unchecked(dy, x, mean, rstd, w, x.dtype, w.dtype, w.dtype, shared=True)
+    else:
+        def layer_norm_bwd(dy, x, mean, rstd, w):
+            return ln.layer_norm_backward(as_rows(dy), as_rows(x), mean, rstd, w, x.dtype, w.dtype, w.dtype)
+    return {
+        "fastsoftmax": (lambda dy, y: sm.softmax_backward(as_rows(dy), as_rows(y), y.dtype),
+                        lambda: (t(SCORES), torch.softmax(t(SCORES), -1))),
+        "fusedsoftmax": (lambda dy, y: fs.fused_softmax_backward(dy, y, 0.5, y.dtype),
+                         lambda: (t(SCORES), torch.softmax(t(SCORES), -1))),
+        "fastgelu": (lambda dy, x: ge.gelu_backward(as_flat(dy), as_flat(x), x.dtype, "tanh"),
+                     lambda: (t(HIDDEN), t(HIDDEN))),
+        "fastlayernorm": (layer_norm_bwd, layer_norm_inputs),
+        "rmsnorm": (lambda dy, x, w: rn.rmsnorm_backward(dy.view(-1, c), x.view(-1, c), w, 1e-6),
+                    lambda: (t(HIDDEN), t(HIDDEN), t(c))),
+        "swiglu": (lambda dy, g, u: sw.swiglu_backward(as_flat(dy), as_flat(g), as_flat(u)),
+                   lambda: (t(HIDDEN), t(HIDDEN), t(HIDDEN))),
+    }
+
+
 def steps(call: Callable, make: Callable[[], tuple]) -> dict[str, Callable[[], None]]:
-    """One call forward only (no grad), and one forward + backward through every input."""
+    """One call forward only (no grad); the same call recording autograd's graph, which is dropped unused
+    (fwd-grad); and one forward + backward through every input. fwd+bwd - fwd-grad is the backward's share."""
     args = make()
     gargs = tuple(a.clone().requires_grad_() for a in args)
     grad = torch.ones_like(call(*args))
@@ -125,10 +180,20 @@ def steps(call: Callable, make: Callable[[], tuple]) -> dict[str, Callable[[], N
         with torch.no_grad():
             call(*args)
 
+    def forward_recorded() -> None:
+        call(*gargs)
+
     def forward_backward() -> None:
         call(*gargs).backward(grad)
 
-    return {"fwd": forward, "fwd+bwd": forward_backward}
+    return {"fwd": forward, "fwd-grad": forward_recorded, "fwd+bwd": forward_backward}
+
+
+def _no_grad_call(call: Callable, args: tuple) -> Callable[[], None]:
+    def run() -> None:
+        with torch.no_grad():
+            call(*args)
+    return run
 
 
 def block_us(step: Callable[[], None], sync: Callable[[], None]) -> float:
@@ -146,6 +211,7 @@ def measure(device: str, kernels: list[str], split: bool = False) -> pd.DataFram
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     table = cases(device)
     parts = layers(device) if split else {}
+    backward_parts = backward_layers(device) if split else {}
     calls = {}
     for kernel in kernels:
         ours, stock, make = table[kernel]
@@ -156,6 +222,9 @@ def measure(device: str, kernels: list[str], split: bool = False) -> pd.DataFram
             op, impl, launch, make_split = parts[kernel]
             for arm, call in (("op", op), ("impl", impl), ("launch", launch)):
                 calls[kernel, arm, "fwd"] = steps(call, make_split)["fwd"]
+        if kernel in backward_parts:
+            call, make_bwd = backward_parts[kernel]
+            calls[kernel, "launch", "bwd"] = _no_grad_call(call, make_bwd())
     for step in calls.values():
         for _ in range(WARMUP):
             step()
@@ -194,6 +263,29 @@ def layers_markdown(raw: pd.DataFrame) -> str:
             "|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(lines) + "\n")
 
 
+def backward_markdown(raw: pd.DataFrame) -> str:
+    """The backward's share of forward + backward (fwd+bwd - fwd-grad), split into its device code and the rest
+    (autograd's engine, the Python backward, gradient accumulation), minimum of the blocks, where measured."""
+    mins = raw.groupby(["kernel", "arm", "kind"], sort=False)["us_per_call"].min()
+    lines = []
+    for kernel in raw.kernel.unique():
+        try:
+            total, recorded = mins[kernel, "kernel", "fwd+bwd"], mins[kernel, "kernel", "fwd-grad"]
+            device_code = mins[kernel, "launch", "bwd"]
+            stock_total, stock_recorded = mins[kernel, "stock", "fwd+bwd"], mins[kernel, "stock", "fwd-grad"]
+        except KeyError:
+            continue
+        backward, stock_backward = total - recorded, stock_total - stock_recorded
+        lines.append(f"| {kernel} | {total:.1f} | {recorded:.1f} | {backward:.1f} | {device_code:.1f} | "
+                     f"{backward - device_code:.1f} | {stock_recorded:.1f} | {stock_backward:.1f} |")
+    if not lines:
+        return ""
+    return ("\nForward + backward by part, min us: backward = fwd+bwd - fwd-grad (the forward recording the graph); "
+            "rest = backward - its device code (autograd's engine, the Python backward, gradient accumulation)"
+            "\n\n| kernel | fwd+bwd | fwd-grad | backward | device code | rest | stock fwd-grad | stock backward |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(lines) + "\n")
+
+
 def markdown(table: pd.DataFrame, device: str) -> str:
     head = (f"Host us per call on {device} ({torch.__version__}), tiny tensors, {REPEATS} blocks of {CALLS} calls; "
             "min (median); ratio = kernel min / stock min\n\n"
@@ -209,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=pathlib.Path, required=True, help="folder for host_overhead.{parquet,md}")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--kernels", default=",".join(names), help=f"comma-separated subset of {','.join(names)}")
-    parser.add_argument("--layers", action="store_true", help="also split the forward call by layer (see above)")
+    parser.add_argument("--layers", action="store_true",
+                        help="also split the forward call by layer and the backward into device code and the rest")
     args = parser.parse_args(argv)
     chosen = [k.strip() for k in args.kernels.split(",") if k.strip()]
     unknown = sorted(set(chosen) - set(names))
@@ -220,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # a busy machine disturbs one thread less
     raw = measure(args.device, chosen, split=args.layers)
     table = summary(raw)
-    text = markdown(table, torch.cuda.get_device_name() if args.device == "cuda" else "cpu") + layers_markdown(raw)
+    text = (markdown(table, torch.cuda.get_device_name() if args.device == "cuda" else "cpu") + layers_markdown(raw)
+            + backward_markdown(raw))
     args.out.mkdir(parents=True, exist_ok=True)
     raw.to_parquet(args.out / "host_overhead.parquet", index=False)
     (args.out / "host_overhead.md").write_text(text)

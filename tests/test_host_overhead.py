@@ -42,3 +42,69 @@ def test_the_split_layers_compute_what_the_op_computes():
         torch.testing.assert_close(op(*args), expected, rtol=0, atol=0)
         torch.testing.assert_close(impl(*args), expected, rtol=0, atol=0)
         torch.testing.assert_close(launch(*args).reshape(expected.shape), expected, rtol=0, atol=0)
+
+
+def test_the_backward_split_adds_up(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--kernels", "fastlayernorm",
+                           "--layers", "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    raw = pd.read_parquet(tmp_path / "host_overhead.parquet")
+    assert set(raw[raw.arm == "kernel"].kind) == {"fwd", "fwd-grad", "fwd+bwd"}
+    assert set(raw[raw.arm == "launch"].kind) == {"fwd", "bwd"}
+    mins = raw.groupby(["arm", "kind"]).us_per_call.min()
+    text = (tmp_path / "host_overhead.md").read_text().split("Forward + backward by part")[1]
+    row = next(line for line in text.splitlines() if line.startswith("| fastlayernorm |"))
+    total, recorded, backward, device_code, rest, stock_recorded, stock_backward = (
+        float(v) for v in row.strip("|").split("|")[1:8])
+    assert abs(total - mins["kernel", "fwd+bwd"]) < 0.1 and abs(device_code - mins["launch", "bwd"]) < 0.1
+    assert abs(backward - (total - recorded)) < 0.2 and abs(rest - (backward - device_code)) < 0.2
+    assert abs(stock_backward - (mins["stock", "fwd+bwd"] - stock_recorded)) < 0.2
+
+
+def test_the_backward_device_code_computes_autograd_s_gradients():
+    # What the split times as "device code" is each kernel's real backward: its gradients equal autograd's through
+    # the stock math on the same inputs.
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import host_overhead
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    import torch.nn.functional as F
+    parts = host_overhead.backward_layers("cpu")
+    assert set(parts) == set(host_overhead.cases("cpu"))
+
+    def grads(f, inputs, dy):
+        leaves = [t.detach().double().requires_grad_() for t in inputs]
+        return torch.autograd.grad(f(*leaves), leaves, dy.double())
+
+    close = dict(rtol=1e-4, atol=1e-5)
+    call, make = parts["fastlayernorm"]
+    dy, x, mean, rstd, w = make()
+    dx, dw, db = call(dy, x, mean, rstd, w)
+    c = x.shape[-1]
+    bias = torch.zeros(c)
+    ex, ew, eb = grads(lambda a, b, d: F.layer_norm(a, (c,), b, d), (x, w, bias), dy)
+    torch.testing.assert_close(dx.double().reshape(ex.shape), ex, **close)
+    torch.testing.assert_close(dw.double(), ew, **close)
+    torch.testing.assert_close(db.double(), eb, **close)
+    for kernel, scale in (("fastsoftmax", 1.0), ("fusedsoftmax", 0.5)):
+        call, make = parts[kernel]
+        dy, y = make()
+        expected = scale * y * (dy - (dy * y).sum(-1, keepdim=True))
+        torch.testing.assert_close(call(dy, y).reshape(y.shape), expected, **close)
+    call, make = parts["fastgelu"]
+    dy, x = make()
+    (expected,) = grads(lambda a: F.gelu(a, approximate="tanh"), (x,), dy)
+    torch.testing.assert_close(call(dy, x).double().reshape(x.shape), expected, **close)
+    call, make = parts["swiglu"]
+    dy, g, u = make()
+    dg, du = call(dy, g, u)
+    eg, eu = grads(lambda a, b: F.silu(a) * b, (g, u), dy)
+    torch.testing.assert_close(dg.double().reshape(g.shape), eg, **close)
+    torch.testing.assert_close(du.double().reshape(u.shape), eu, **close)
+    call, make = parts["rmsnorm"]
+    dy, x, w = make()
+    dx, dw = call(dy, x, w)
+    ex, ew = grads(lambda a, b: host_overhead._rms_stock(a, b), (x, w), dy)
+    torch.testing.assert_close(dx.double().reshape(x.shape), ex, **close)
+    torch.testing.assert_close(dw.double(), ew, **close)
