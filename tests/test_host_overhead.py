@@ -13,6 +13,15 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "host_overhead.py"
 
 
+def _benchmark_module():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import host_overhead
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return host_overhead
+
+
 def test_layers_split_the_forward_call_into_routing_dispatcher_wrapper_and_device_code(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--kernels", "fastsoftmax,fastgelu",
                            "--layers", "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=300)
@@ -30,11 +39,7 @@ def test_layers_split_the_forward_call_into_routing_dispatcher_wrapper_and_devic
 
 def test_the_split_layers_compute_what_the_op_computes():
     # The layers time the op's own code, not stand-ins: same result as the op on the same input.
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import host_overhead
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    host_overhead = _benchmark_module()
     ops = host_overhead.cases("cpu")
     for kernel, (op, impl, launch, make) in host_overhead.layers("cpu").items():
         args = make()
@@ -64,11 +69,7 @@ def test_the_backward_split_adds_up(tmp_path):
 def test_the_backward_device_code_computes_autograd_s_gradients():
     # What the split times as "device code" is each kernel's real backward: its gradients equal autograd's through
     # the stock math on the same inputs.
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import host_overhead
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    host_overhead = _benchmark_module()
     import torch.nn.functional as F
     parts = host_overhead.backward_layers("cpu")
     assert set(parts) == set(host_overhead.cases("cpu"))
