@@ -34,6 +34,13 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+import e2eprof.kernels.fastgelu.op as gelu_op
+import e2eprof.kernels.fastlayernorm.op as layernorm_op
+import e2eprof.kernels.fastsoftmax.op as softmax_op
+import e2eprof.kernels.fusedsoftmax.op as fused_op
+import e2eprof.kernels.rmsnorm.op as rmsnorm_op
+import e2eprof.kernels.swiglu.op as swiglu_op
+from e2eprof.kernels._dispatch import triton_kernels
 from e2eprof.kernels.fastgelu.op import fastgelu
 from e2eprof.kernels.fastlayernorm.op import fastlayernorm
 from e2eprof.kernels.fastsoftmax.op import fastsoftmax
@@ -53,11 +60,28 @@ def _rms_stock(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return w * h.to(x.dtype)
 
 
+def _randn(device: str) -> Callable[[tuple], torch.Tensor]:
+    return lambda shape: torch.randn(shape, device=device)
+
+
+def _device_code(device: str) -> list:
+    """What the implementations of softmax, fused softmax, GELU, LayerNorm, RMSNorm and SwiGLU (in that order) run on
+    `device`: their Triton launchers on CUDA, their cpu.py on the CPU."""
+    modules = (softmax_op, fused_op, gelu_op, layernorm_op, rmsnorm_op, swiglu_op)
+    return [triton_kernels(m.__package__) if device == "cuda" else m.cpu for m in modules]
+
+
+def _layouts(device: str) -> tuple[Callable, Callable]:
+    """(as_rows, as_flat): the Triton launchers of softmax, GELU, LayerNorm and SwiGLU take any contiguous shape, as
+    their ops hand it over on a GPU; the CPU code wants rows or a flat tensor."""
+    if device == "cuda":
+        return (lambda x: x), (lambda x: x)
+    return (lambda x: x.view(-1, x.shape[-1])), (lambda x: x.view(-1))
+
+
 def cases(device: str) -> dict[str, tuple[Callable, Callable, Callable[[], tuple]]]:
     """kernel -> (kernel call, stock call, inputs factory); calls take the inputs as positional arguments."""
-    def t(shape):
-        return torch.randn(shape, device=device)
-
+    t = _randn(device)
     mask = torch.zeros((1, 1) + SCORES[2:], device=device)
     c = HIDDEN[-1]
     return {
@@ -75,28 +99,10 @@ def cases(device: str) -> dict[str, tuple[Callable, Callable, Callable[[], tuple
 def layers(device: str) -> dict[str, tuple[Callable, Callable, Callable, Callable[[], tuple]]]:
     """kernel -> (the op through the dispatcher, the op's Python implementation, its device code alone, inputs
     factory), forward only."""
-    import e2eprof.kernels.fastgelu.op as gelu_op
-    import e2eprof.kernels.fastlayernorm.op as layernorm_op
-    import e2eprof.kernels.fastsoftmax.op as softmax_op
-    import e2eprof.kernels.fusedsoftmax.op as fused_op
-    import e2eprof.kernels.rmsnorm.op as rmsnorm_op
-    import e2eprof.kernels.swiglu.op as swiglu_op
-    from e2eprof.kernels._dispatch import triton_kernels
-
-    def code(op_module):  # what the implementation runs on this device
-        return triton_kernels(op_module.__package__) if device == "cuda" else op_module.cpu
-
-    def t(shape):
-        return torch.randn(shape, device=device)
-
-    c = HIDDEN[-1]
-    # The Triton launchers of softmax, GELU, LayerNorm and SwiGLU take any contiguous shape, as their ops hand it
-    # over on a GPU; the CPU code wants rows or a flat tensor.
-    as_rows = (lambda x: x) if device == "cuda" else (lambda x: x.view(-1, x.shape[-1]))
-    as_flat = (lambda x: x) if device == "cuda" else (lambda x: x.view(-1))
+    t, c = _randn(device), HIDDEN[-1]
+    as_rows, as_flat = _layouts(device)
+    sm, fs, ge, ln, rn, sw = _device_code(device)
     mask = torch.zeros((1, 1) + SCORES[2:], device=device)
-    sm, fs, ge, ln = code(softmax_op), code(fused_op), code(gelu_op), code(layernorm_op)
-    rn, sw = code(rmsnorm_op), code(swiglu_op)
     ops = torch.ops.e2eprof
     return {
         "fastsoftmax": (lambda x: ops.fastsoftmax(x, -1, None), lambda x: softmax_op._fastsoftmax_impl(x, -1, None),
@@ -121,34 +127,16 @@ def layers(device: str) -> dict[str, tuple[Callable, Callable, Callable, Callabl
 def backward_layers(device: str) -> dict[str, tuple[Callable, Callable[[], tuple]]]:
     """kernel -> (its backward's device code alone, inputs factory): what a backward call launches, without autograd,
     the op or the checks an eager call's backward skips (the Triton launcher on CUDA, cpu.py on the CPU)."""
-    import e2eprof.kernels.fastgelu.op as gelu_op
-    import e2eprof.kernels.fastlayernorm.op as layernorm_op
-    import e2eprof.kernels.fastsoftmax.op as softmax_op
-    import e2eprof.kernels.fusedsoftmax.op as fused_op
-    import e2eprof.kernels.rmsnorm.op as rmsnorm_op
-    import e2eprof.kernels.swiglu.op as swiglu_op
-    from e2eprof.kernels._dispatch import triton_kernels
-
-    cuda = device == "cuda"
-
-    def code(op_module):
-        return triton_kernels(op_module.__package__) if cuda else op_module.cpu
-
-    def t(shape):
-        return torch.randn(shape, device=device)
-
-    c = HIDDEN[-1]
-    as_rows = (lambda x: x) if cuda else (lambda x: x.view(-1, x.shape[-1]))
-    as_flat = (lambda x: x) if cuda else (lambda x: x.view(-1))
-    sm, fs, ge, ln = code(softmax_op), code(fused_op), code(gelu_op), code(layernorm_op)
-    rn, sw = code(rmsnorm_op), code(swiglu_op)
+    t, c = _randn(device), HIDDEN[-1]
+    as_rows, as_flat = _layouts(device)
+    sm, fs, ge, ln, rn, sw = _device_code(device)
 
     def layer_norm_inputs() -> tuple:
         x, w, b = t(HIDDEN), t(c), t(c)
         _, mean, rstd = ln.layer_norm_forward(as_rows(x), w, b, 1e-5, x.dtype)
         return t(HIDDEN), x, mean, rstd, w
 
-    if cuda:  # the eager backward's call (op.py's _gradients): no checks, dweight and dbias views of one result
+    if device == "cuda":  # the eager backward's call (op.py's _gradients): no checks, dweight and dbias views of one result
         def layer_norm_bwd(dy, x, mean, rstd, w):
             return ln.layer_norm_backward_unchecked(dy, x, mean, rstd, w, x.dtype, w.dtype, w.dtype, shared=True)
     else:
@@ -176,17 +164,13 @@ def steps(call: Callable, make: Callable[[], tuple]) -> dict[str, Callable[[], N
     gargs = tuple(a.clone().requires_grad_() for a in args)
     grad = torch.ones_like(call(*args))
 
-    def forward() -> None:
-        with torch.no_grad():
-            call(*args)
-
     def forward_recorded() -> None:
         call(*gargs)
 
     def forward_backward() -> None:
         call(*gargs).backward(grad)
 
-    return {"fwd": forward, "fwd-grad": forward_recorded, "fwd+bwd": forward_backward}
+    return {"fwd": _no_grad_call(call, args), "fwd-grad": forward_recorded, "fwd+bwd": forward_backward}
 
 
 def _no_grad_call(call: Callable, args: tuple) -> Callable[[], None]:
