@@ -136,7 +136,8 @@ def backward_layers(device: str) -> dict[str, tuple[Callable, Callable[[], tuple
         _, mean, rstd = ln.layer_norm_forward(as_rows(x), w, b, 1e-5, x.dtype)
         return t(HIDDEN), x, mean, rstd, w
 
-    if device == "cuda":  # the eager backward's call (op.py's _gradients): no checks, dweight and dbias views of one result
+    # On CUDA, the eager backward's own call (op.py's _gradients): no checks, dweight and dbias views of one result.
+    if device == "cuda":
         def layer_norm_bwd(dy, x, mean, rstd, w):
             return ln.layer_norm_backward_unchecked(dy, x, mean, rstd, w, x.dtype, w.dtype, w.dtype, shared=True)
     else:
