@@ -133,7 +133,8 @@ def backward_layers(device: str) -> dict[str, tuple[Callable, Callable[[], tuple
 
     def layer_norm_inputs() -> tuple:
         x, w, b = t(HIDDEN), t(c), t(c)
-        _, mean, rstd = ln.layer_norm_forward(as_rows(x), w, b, 1e-5, x.dtype)
+        # As the eager forward saves them: packed on CUDA (one statistics tensor, rstd None), two tensors otherwise.
+        _, mean, rstd = ln.layer_norm_forward(as_rows(x), w, b, 1e-5, x.dtype, packed=device == "cuda")
         return t(HIDDEN), x, mean, rstd, w
 
     # On CUDA, the eager backward's own call (op.py's _gradients): no checks, dweight and dbias views of one result.

@@ -93,10 +93,11 @@ _LIB.define("fastlayernorm_backward(Tensor grad_out, Tensor x, Tensor mean, Tens
 
 def _fastlayernorm_impl(x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
                         bias: Optional[torch.Tensor], eps: float,
-                        out_dtype: Optional[torch.dtype], shared: bool = False,
-                        keep_stats: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # shared, keep_stats: the Triton launcher's (mean and rstd in one allocation; none at all, then None), for the
-    # direct call only: the op's outputs never alias and always include the statistics.
+                        out_dtype: Optional[torch.dtype], packed: bool = False,
+                        keep_stats: bool = True) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    # packed, keep_stats: the Triton launcher's (the statistics as one tensor and None where it can, see
+    # layer_norm_forward; none at all, then None), for the direct call only: the op's outputs never alias and always
+    # include the statistics.
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_float("out_dtype", out_dtype)
     rows, cols = _rows_cols(x, normalized_shape, weight, bias)
@@ -107,7 +108,7 @@ def _fastlayernorm_impl(x: torch.Tensor, normalized_shape: Sequence[int], weight
         # batch shape, so the common call (one normalized dim, contiguous hidden states) needs no view or reshape:
         # on a GPU host those cost about as much as the launch itself.
         if len(normalized_shape) == 1 and x.is_contiguous():
-            out = triton_kernels(__package__).layer_norm_forward(x, w, b, eps, out_dtype, shared, keep_stats)
+            out = triton_kernels(__package__).layer_norm_forward(x, w, b, eps, out_dtype, packed, keep_stats)
         else:
             y, mean, rstd = triton_kernels(__package__).layer_norm_forward(
                 x.contiguous().reshape(*x.shape[: x.dim() - len(normalized_shape)], cols), w, b, eps, out_dtype)
@@ -201,7 +202,9 @@ _BWD_OP = torch.ops.e2eprof.fastlayernorm_backward.default
 
 
 def _save_for_backward(ctx, x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
-                       bias: Optional[torch.Tensor], mean: torch.Tensor, rstd: torch.Tensor) -> None:
+                       bias: Optional[torch.Tensor], mean: torch.Tensor, rstd: Optional[torch.Tensor]) -> None:
+    # rstd None: mean holds the packed statistics (the Triton launcher's), one saved tensor and no views, which
+    # autograd saves and unpacks at a higher host cost than plain tensors.
     ctx.save_for_backward(x, weight, mean, rstd)
     # One attribute, not five: each ctx attribute is a Python setattr per call. Gradients have their tensor's dtype;
     # an absent parameter's (discarded) gradient takes x's.
@@ -215,19 +218,22 @@ def _gradients(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor, Optional[torc
     weight or bias gets None."""
     x, weight, mean, rstd = ctx.saved_tensors
     normalized_shape, has_weight, has_bias, weight_dtype, bias_dtype = ctx.meta
-    if not torch.is_grad_enabled() and run_directly(grad_out):
+    direct = not torch.is_grad_enabled() and run_directly(grad_out)
+    if direct and x.is_cuda and len(normalized_shape) == 1 and x.is_contiguous() and grad_out.is_contiguous() \
+            and (weight is None or weight.is_contiguous()):
         # The saved tensors are what this op's forward made and checked (on the Triton path: kernel dtypes, a [cols]
-        # weight, contiguous fp32 statistics), and autograd gives grad_out y's shape, dtype and device: the op's
-        # argument checks, and the Triton launcher's, would only repeat that.
-        if x.is_cuda and len(normalized_shape) == 1 and x.is_contiguous() and grad_out.is_contiguous() \
-                and (weight is None or weight.is_contiguous()):
-            dx, dweight, dbias = triton_kernels(__package__).layer_norm_backward_unchecked(
-                grad_out, x, mean, rstd, weight, x.dtype, weight_dtype, bias_dtype, shared=True)
-            IMPL_CALLS["triton.bwd"] += 1
-        else:
-            _check_float("grad_out", grad_out.dtype)
-            dx, dweight, dbias = _backward(grad_out, x, mean, rstd, normalized_shape, weight, x.dtype, weight_dtype,
-                                           bias_dtype, shared=True)
+        # weight, contiguous fp32 statistics, packed or not), and autograd gives grad_out y's shape, dtype and
+        # device: the op's argument checks, and the Triton launcher's, would only repeat that.
+        dx, dweight, dbias = triton_kernels(__package__).layer_norm_backward_unchecked(
+            grad_out, x, mean, rstd, weight, x.dtype, weight_dtype, bias_dtype, shared=True)
+        IMPL_CALLS["triton.bwd"] += 1
+        return dx, dweight if has_weight else None, dbias if has_bias else None
+    if rstd is None:  # packed statistics, as two contiguous [*batch] tensors for the checked paths
+        mean, rstd = mean.unbind(0)
+    if direct:
+        _check_float("grad_out", grad_out.dtype)
+        dx, dweight, dbias = _backward(grad_out, x, mean, rstd, normalized_shape, weight, x.dtype, weight_dtype,
+                                       bias_dtype, shared=True)
     else:
         dx, dweight, dbias = _BWD_OP(grad_out, x, mean, rstd, normalized_shape, weight, x.dtype, weight_dtype,
                                      bias_dtype)
@@ -266,7 +272,7 @@ class _FastLayerNormDirect(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
                 bias: Optional[torch.Tensor], eps: float, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
         with _AutoDispatchBelowAutograd():
-            y, mean, rstd = _fastlayernorm_impl(x, normalized_shape, weight, bias, eps, out_dtype, shared=True)
+            y, mean, rstd = _fastlayernorm_impl(x, normalized_shape, weight, bias, eps, out_dtype, packed=True)
         _save_for_backward(ctx, x, normalized_shape, weight, bias, mean, rstd)
         return y
 

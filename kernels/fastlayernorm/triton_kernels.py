@@ -44,7 +44,7 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @triton.jit
-def _layernorm_fwd_row_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps,
+def _layernorm_fwd_row_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, rstd_off, n_cols, eps,
                               HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
                               BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -68,11 +68,11 @@ def _layernorm_fwd_row_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_
     tl.store(y_ptr + row_start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
     if STORE_STATS:
         tl.store(mean_ptr + row, mean)
-        tl.store(rstd_ptr + row, rstd)
+        tl.store(rstd_ptr + rstd_off + row, rstd)
 
 
 @triton.jit
-def _layernorm_fwd_looped_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps,
+def _layernorm_fwd_looped_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, rstd_off, n_cols, eps,
                                  HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
                                  BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -110,11 +110,11 @@ def _layernorm_fwd_looped_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
         tl.store(y_ptr + row_start + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
     if STORE_STATS:
         tl.store(mean_ptr + row, mean)
-        tl.store(rstd_ptr + row, rstd)
+        tl.store(rstd_ptr + rstd_off + row, rstd)
 
 
 @triton.jit
-def _layernorm_bwd_row_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, part_ptr,
+def _layernorm_bwd_row_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, rstd_off, dx_ptr, part_ptr,
                               n_rows, n_cols, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -128,7 +128,7 @@ def _layernorm_bwd_row_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, 
         dy = tl.load(dy_ptr + row_start + cols, mask=mask, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + row_start + cols, mask=mask, other=0.0).to(tl.float32)
         mean = tl.load(mean_ptr + row)
-        rstd = tl.load(rstd_ptr + row)
+        rstd = tl.load(rstd_ptr + (tl.cast(row, tl.int64) + rstd_off))  # int64: 2 * rows may pass 2**31
         xhat = tl.where(mask, (x - mean) * rstd, 0.0)
         g = dy
         if HAS_WEIGHT:
@@ -147,7 +147,7 @@ def _layernorm_bwd_row_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, 
 
 
 @triton.jit
-def _layernorm_bwd_looped_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, part_ptr,
+def _layernorm_bwd_looped_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, rstd_off, dx_ptr, part_ptr,
                                  n_rows, n_cols, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -156,7 +156,7 @@ def _layernorm_bwd_looped_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_pt
     for row in range(pid, n_rows, tl.num_programs(0)):
         row_start = tl.cast(row, tl.int64) * n_cols
         mean = tl.load(mean_ptr + row)
-        rstd = tl.load(rstd_ptr + row)
+        rstd = tl.load(rstd_ptr + (tl.cast(row, tl.int64) + rstd_off))  # int64: 2 * rows may pass 2**31
         # Pass 1: the row's two reductions, mean(g * xhat) and mean(g).
         acc1 = tl.zeros((BLOCK,), tl.float32)
         acc2 = tl.zeros((BLOCK,), tl.float32)
@@ -223,17 +223,19 @@ def _check_out_dtype(name: str, dtype: torch.dtype) -> None:
 
 
 def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
-                       out_dtype: torch.dtype, shared: bool = False,
+                       out_dtype: torch.dtype, packed: bool = False,
                        keep_stats: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """LayerNorm over the last dim of a contiguous tensor: [rows, cols], or any shape whose last dim is the row (the
     hidden states as they come, with no view on the host); weight and bias are [cols] or None.
 
     Reads every operand in its own dtype (fp32/bf16/fp16), computes in fp32, writes y as `out_dtype`.
     Returns (y of x's shape, mean and rstd of x.shape[:-1] in fp32); empty inputs return without a launch.
-    shared: mean and rstd may be views of one allocation (one allocator call fewer). Only for a caller that keeps
-    them to itself: an op's outputs must not alias each other (opcheck's schema test says so).
-    keep_stats=False: no mean and rstd at all (None, None), for a forward no backward will follow: two allocations
-    and two kernel arguments fewer, and no statistics written.
+    packed: (y, stats, None) instead, stats one contiguous [2, *x.shape[:-1]] fp32 tensor (the means, then the
+    rstds): one allocation, and no views for autograd to save, for a caller that keeps the statistics to itself and
+    hands them back to layer_norm_backward_unchecked as its mean, with rstd None. An op's outputs must not alias
+    each other (opcheck's schema test says so), so an op returns them separate.
+    keep_stats=False: no mean and rstd at all (None, None), for a forward no backward will follow: no allocation for
+    them, and no statistics written.
     """
     _check_rows("x", x)
     cols = x.shape[-1]
@@ -243,29 +245,33 @@ def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch
     # empty_like and new_empty: about half the host time of torch.empty(shape, dtype=, device=) per call.
     y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
     batch = x.shape[:-1]
+    rows = math.prod(batch)
+    # The kernels store rstd at rstd_ptr + rstd_off + row: the packed buffer's second half, or a tensor of its own.
     if not keep_stats:
         mean = rstd = None
-    elif shared:  # unbind's two views of a [2, *batch] buffer are contiguous
-        mean, rstd = x.new_empty((2, *batch), dtype=torch.float32).unbind(0)
+        m, r, rstd_off = y, y, 0  # never touched (STORE_STATS is a compile-time False); y stands in
+    elif packed:
+        mean, rstd = x.new_empty((2, *batch), dtype=torch.float32), None
+        m, r, rstd_off = mean, mean, rows
     else:
         mean, rstd = x.new_empty(batch, dtype=torch.float32), x.new_empty(batch, dtype=torch.float32)
-    rows = math.prod(batch)
+        m, r, rstd_off = mean, rstd, 0
     if rows == 0 or cols == 0:
-        if keep_stats:
-            mean.fill_(float("nan")), rstd.fill_(float("nan"))
+        for stats in (mean, rstd):
+            if stats is not None:
+                stats.fill_(float("nan"))
         return y, mean, rstd
-    # An absent weight, bias or statistic is never touched (HAS_*, STORE_STATS compile-time False); y stands in.
+    # An absent weight or bias is never touched (HAS_* compile-time False); x stands in.
     w = weight if weight is not None else x
     b = bias if bias is not None else x
-    m, r = (mean, rstd) if keep_stats else (y, y)
     flags = {"HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None, "STORE_STATS": keep_stats}
     if cols <= MAX_FUSED_COLS_FWD:
         block = next_power_of_2(cols)
-        launch(_layernorm_fwd_row_kernel, (rows,), x, w, b, y, m, r, cols, eps, **flags, BLOCK=block,
+        launch(_layernorm_fwd_row_kernel, (rows,), x, w, b, y, m, r, rstd_off, cols, eps, **flags, BLOCK=block,
                num_warps=_num_warps(block))
     else:
-        launch(_layernorm_fwd_looped_kernel, (rows,), x, w, b, y, m, r, cols, eps, **flags, BLOCK=LOOP_BLOCK,
-               num_warps=LOOP_WARPS)
+        launch(_layernorm_fwd_looped_kernel, (rows,), x, w, b, y, m, r, rstd_off, cols, eps, **flags,
+               BLOCK=LOOP_BLOCK, num_warps=LOOP_WARPS)
     return y, mean, rstd
 
 
@@ -295,14 +301,20 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, r
     return layer_norm_backward_unchecked(dy, x, mean, rstd, weight, dx_dtype, weight_dtype, bias_dtype, shared)
 
 
-def layer_norm_backward_unchecked(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+def layer_norm_backward_unchecked(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor | None,
                                   weight: torch.Tensor | None, dx_dtype: torch.dtype, weight_dtype: torch.dtype,
                                   bias_dtype: torch.dtype,
                                   shared: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """layer_norm_backward without its argument checks, for arguments that already passed them: what an eager call's
-    own forward saved (op.py's direct path), with the gradient autograd shaped and typed like that forward's output."""
+    own forward saved (op.py's direct path), with the gradient autograd shaped and typed like that forward's output.
+    rstd None: mean is layer_norm_forward's packed statistics."""
     cols = x.shape[-1]
-    rows = mean.numel()
+    if rstd is None:  # [2, *batch]: the means, then the rstds
+        rows = mean.numel() >> 1
+        r, rstd_off = mean, rows
+    else:
+        rows = mean.numel()
+        r, rstd_off = rstd, 0
     dx = torch.empty_like(x, dtype=dx_dtype, memory_format=torch.contiguous_format)
     if rows == 0 or cols == 0:
         zeros = torch.zeros((cols,), dtype=torch.float32, device=x.device)
@@ -315,11 +327,11 @@ def layer_norm_backward_unchecked(dy: torch.Tensor, x: torch.Tensor, mean: torch
     if cols <= MAX_FUSED_COLS_BWD:
         part = torch.empty((2, programs, cols), dtype=torch.float32, device=x.device)
         block = next_power_of_2(cols)
-        launch(_layernorm_bwd_row_kernel, (programs,), dy, x, w, mean, rstd, dx, part, rows, cols,
+        launch(_layernorm_bwd_row_kernel, (programs,), dy, x, w, mean, r, rstd_off, dx, part, rows, cols,
                HAS_WEIGHT=weight is not None, BLOCK=block, num_warps=_num_warps(block))
     else:
         part = torch.zeros((2, programs, cols), dtype=torch.float32, device=x.device)
-        launch(_layernorm_bwd_looped_kernel, (programs,), dy, x, w, mean, rstd, dx, part, rows, cols,
+        launch(_layernorm_bwd_looped_kernel, (programs,), dy, x, w, mean, r, rstd_off, dx, part, rows, cols,
                HAS_WEIGHT=weight is not None, BLOCK=LOOP_BLOCK, num_warps=LOOP_WARPS)
     # One reduction on both paths, so the direct call and the op agree bit for bit. .to only where the dtype
     # differs: even a no-op .to is a dispatcher call.

@@ -138,6 +138,31 @@ def test_the_triton_layernorm_takes_rows_along_the_last_dim_of_any_shape():
 
 
 @needs_interpreter
+@pytest.mark.parametrize("cols", [20, 4099], ids=["row-kernels", "looped-kernels"])
+def test_packed_layernorm_statistics_match_separate_ones_bit_for_bit(cols, monkeypatch):
+    """The eager call's forward keeps mean and rstd in one [2, *batch] tensor (rstd None) and its backward reads them
+    back from there: the same values, and the same gradients, as two statistics tensors."""
+    kernels = triton_kernels(layernorm_op.__package__)
+    monkeypatch.setattr(kernels, "MAX_FUSED_COLS_FWD", 64)  # 4099 columns take the looped kernels, with fewer lanes
+    monkeypatch.setattr(kernels, "MAX_FUSED_COLS_BWD", 64)
+    monkeypatch.setattr(kernels, "LOOP_BLOCK", 1024)
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(shape, generator=gen) for shape in ((2, 3, cols), (cols,), (cols,)))
+    y, mean, rstd = kernels.layer_norm_forward(x, w, b, 1e-5, torch.float32)
+    y_packed, stats, none = kernels.layer_norm_forward(x, w, b, 1e-5, torch.float32, packed=True)
+    assert none is None and stats.shape == (2, 2, 3) and stats.is_contiguous()
+    torch.testing.assert_close(y_packed, y, rtol=0, atol=0)
+    torch.testing.assert_close(stats, torch.stack((mean, rstd)), rtol=0, atol=0)
+    dy = torch.randn(x.shape, generator=gen)
+    separate = kernels.layer_norm_backward_unchecked(dy, x, mean, rstd, w, torch.float32, torch.float32, torch.float32)
+    packed = kernels.layer_norm_backward_unchecked(dy, x, stats, None, w, torch.float32, torch.float32, torch.float32)
+    for got, expected in zip(packed, separate):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    torch.testing.assert_close(packed[0], torch.func.vjp(lambda t: torch.nn.functional.layer_norm(t, (cols,), w, b),
+                                                         x)[1](dy)[0], rtol=1e-4, atol=1e-4)
+
+
+@needs_interpreter
 @pytest.mark.parametrize("shape,normalized_shape,view", [
     ((7,), [7], None), ((2, 3, 5), [5], None), ((2, 3, 4, 6), [4, 6], None), ((0, 8), [8], None),
     ((5, 0), [0], None), ((8, 5), [8], lambda t: t.t())],
