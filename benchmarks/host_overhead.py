@@ -134,7 +134,8 @@ def backward_layers(device: str) -> dict[str, tuple[Callable, Callable[[], tuple
     def layer_norm_inputs() -> tuple:
         x, w, b = t(HIDDEN), t(c), t(c)
         # As the eager forward saves them: packed on CUDA (one statistics tensor, rstd None), two tensors otherwise.
-        _, mean, rstd = ln.layer_norm_forward(as_rows(x), w, b, 1e-5, x.dtype, packed=device == "cuda")
+        packed = {"packed": True} if device == "cuda" else {}  # cpu.py's forward has no packed form
+        _, mean, rstd = ln.layer_norm_forward(as_rows(x), w, b, 1e-5, x.dtype, **packed)
         return t(HIDDEN), x, mean, rstd, w
 
     # On CUDA, the eager backward's own call (op.py's _gradients): no checks, dweight and dbias views of one result.
