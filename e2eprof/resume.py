@@ -100,7 +100,7 @@ def read_back_profile_rows(out: Path, units: dict[str, dict]) -> None:
     tables = {name: run_dir.read(name) for name in PROFILE_TABLES if run_dir.has(name)}
     for key, unit in units.items():
         point_id, workload = key.split("/")
-        for arm, profile in unit["profiles"].items():
+        for arm, profile in unit.get("profiles", {}).items():  # none in units written before profiles were kept
             for rank, result in by_rank(profile):
                 for name in PROFILE_TABLES:
                     if name in result:  # written whole by an earlier e2eprof

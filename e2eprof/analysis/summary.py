@@ -309,6 +309,8 @@ def _jit_finding(verdict: Verdict, jit: pd.DataFrame, workload: str, candidate: 
     timed = jit[(jit.workload == workload) & (jit.phase == "timing") & jit.arm.isin(["baseline", candidate])]
     found = []
     for name in COUNTED_JIT:
+        if name not in timed.columns:  # a run written before this count existed (`e2eprof gate` on an old report)
+            continue
         for arm, count in timed.groupby("arm", sort=False)[name].sum(min_count=1).items():
             if count > 0:
                 found.append(f"{arm} {int(count)} {name.replace('_', ' ')}")

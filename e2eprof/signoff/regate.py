@@ -47,8 +47,11 @@ def regate(run_dir: str | Path, policy: str | Path | None = None, **thresholds) 
     if row.get("status") not in ("complete", None):
         raise UsageError(f"gate: the run in {run_dir} is {row.get('status')}, not complete; finish it with "
                          f"`e2eprof compare --resume --out {run_dir}` first")
-    if not run.has("steps") or not run.has("summary"):
-        raise UsageError(f"gate: {run_dir} lacks steps.parquet or summary.parquet; it cannot be re-judged")
+    # correctness.parquet too: judged without it, every candidate would read as wrong and never run (a report folder
+    # trimmed to its steps and summary keeps its recorded verdicts, not the evidence to judge them again).
+    missing = [f"{name}.parquet" for name in ("steps", "summary", "correctness") if not run.has(name)]
+    if missing:
+        raise UsageError(f"gate: {run_dir} lacks {' and '.join(missing)}; it cannot be re-judged")
     recorded = CompareConfig.from_record(json.loads(row["config_json"]))
     changes = load_policy(policy) if policy is not None else {}
     for field, value in changes.items():

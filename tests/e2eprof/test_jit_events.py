@@ -59,6 +59,20 @@ def test_compilation_inside_timed_steps_withholds_the_speed_verdict():
     assert verdicts["train"].verdict == "PASS"
 
 
+def test_a_jit_table_from_before_a_count_existed_is_still_judged():
+    """Older reports lack the FX-graph cache counts (added later); re-judging one (`e2eprof gate`) must use the
+    counts it has, not fail on the ones it lacks."""
+    config = CompareConfig(model="gpt2-tiny", patch="fastsoftmax", device="cpu", workloads=("train",),
+                           reference_arms=(), process_noise=0.0)
+    steps = steps_for("train", "baseline", 100, noise=0.002) + steps_for("train", "patched", 90, noise=0.002)
+    checks = clean_checks("train", ["baseline", "patched"])
+    old = ("fxgraph_cache_hits", "fxgraph_cache_misses")
+    jit = [{k: v for k, v in jit_row("patched", "timing", triton_compiles=2).items() if k not in old},
+           {k: v for k, v in jit_row("baseline", "timing").items() if k not in old}]
+    _, verdicts = summarize(steps, checks, config, set(), jit=jit)
+    assert verdicts["train"].reasons[0] == "JIT_DURING_TIMING" and "patched 2 triton compiles" in verdicts["train"].advice
+
+
 def test_counts_that_cannot_be_taken_are_not_zero():
     counts = jit_events.snapshot()
     assert set(counts) == set(jit_events.COUNTS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -147,6 +148,12 @@ def test_gate_refusals(cpu_run, tmp_path):
     assert empty.returncode == 2 and "run.parquet" in empty.stderr
     bad = run_cli("gate", str(base / "run"), "--confidence", "1.5")
     assert bad.returncode == 2 and "--confidence" in bad.stderr
+    # A folder trimmed for space (steps and summary kept, correctness dropped) is refused, not judged INCORRECT.
+    trimmed = tmp_path / "trimmed"
+    shutil.copytree(base / "run", trimmed)
+    (trimmed / "correctness.parquet").unlink()
+    refused = run_cli("gate", str(trimmed))
+    assert refused.returncode == 2 and "lacks correctness.parquet" in refused.stderr, refused.stderr
 
 
 def test_bad_junit_path_refused_before_measuring(tmp_path):
