@@ -15,7 +15,9 @@ launcher on CUDA, cpu.py on the CPU). op - impl is the dispatcher's share, kerne
 routing, impl - launch the wrapper's (checks, reshapes, counters), launch the rest. It also splits the backward:
 kind `fwd-grad` is the forward recording autograd's graph (dropped unused), so fwd+bwd - fwd-grad is what the
 backward adds; `launch`/`bwd` is the backward's device code alone, and the backward less it is autograd's engine,
-the Python backward and gradient accumulation.
+the Python backward and gradient accumulation. Arm `pynode` (softmax and LayerNorm) is the stock op's own aten
+forward and backward called from a Python autograd.Function: node / stock is what a Python backward costs by itself
+on this host, the floor under any kernel whose backward is Python.
 
 Usage (from the checkout): PYTHONPATH=$PWD python3 benchmarks/host_overhead.py --out DIR [--device cuda|cpu] [--layers]
 Writes DIR/host_overhead.parquet (one row per block: kernel, arm, kind, block, us_per_call) and
@@ -124,6 +126,42 @@ def layers(device: str) -> dict[str, tuple[Callable, Callable, Callable, Callabl
     }
 
 
+class _StockLayerNormInPythonNode(torch.autograd.Function):
+    """aten's own LayerNorm forward and backward in a Python autograd node: the stock op's device work at a Python
+    node's host cost. No kernel whose backward is Python can be cheaper than this on the host."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        y, mean, rstd = torch.ops.aten.native_layer_norm(x, [x.shape[-1]], w, b, 1e-5)
+        ctx.save_for_backward(x, w, b, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, w, b, mean, rstd = ctx.saved_tensors
+        return tuple(torch.ops.aten.native_layer_norm_backward(dy, x, [x.shape[-1]], mean, rstd, w, b,
+                                                               [True, True, True]))
+
+
+class _StockSoftmaxInPythonNode(torch.autograd.Function):
+    """aten's softmax forward and backward in a Python autograd node (see _StockLayerNormInPythonNode)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._softmax(x, -1, False)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten._softmax_backward_data(dy, y, -1, y.dtype)
+
+
+# kernel -> the stock op in a Python autograd node, called as that kernel's cases() entry is
+PYTHON_NODE = {"fastsoftmax": _StockSoftmaxInPythonNode.apply, "fastlayernorm": _StockLayerNormInPythonNode.apply}
+
+
 def backward_layers(device: str) -> dict[str, tuple[Callable, Callable[[], tuple]]]:
     """kernel -> (its backward's device code alone, inputs factory): what a backward call launches, without autograd,
     the op or the checks an eager call's backward skips (the Triton launcher on CUDA, cpu.py on the CPU)."""
@@ -212,6 +250,10 @@ def measure(device: str, kernels: list[str], split: bool = False) -> pd.DataFram
         if kernel in backward_parts:
             call, make_bwd = backward_parts[kernel]
             calls[kernel, "launch", "bwd"] = _no_grad_call(call, make_bwd())
+        if split and kernel in PYTHON_NODE:
+            for kind, step in steps(PYTHON_NODE[kernel], make).items():
+                if kind != "fwd":  # without grad the node is never built: the same call as the stock op's
+                    calls[kernel, "pynode", kind] = step
     for step in calls.values():
         for _ in range(WARMUP):
             step()
@@ -273,6 +315,27 @@ def backward_markdown(raw: pd.DataFrame) -> str:
             "|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(lines) + "\n")
 
 
+def python_node_markdown(raw: pd.DataFrame) -> str:
+    """The stock op's own forward and backward in a Python autograd node against the stock op (minimum of the
+    blocks): the host cost a Python backward adds by itself, which bounds what any Python-autograd kernel can reach."""
+    mins = raw.groupby(["kernel", "arm", "kind"], sort=False)["us_per_call"].min()
+    lines = []
+    for kernel in raw.kernel.unique():
+        for kind in ("fwd-grad", "fwd+bwd"):
+            try:
+                node, stock, ours = mins[kernel, "pynode", kind], mins[kernel, "stock", kind], mins[kernel, "kernel", kind]
+            except KeyError:
+                continue
+            lines.append(f"| {kernel} | {kind} | {stock:.1f} | {node:.1f} | {node / stock:.2f} | {ours:.1f} | "
+                         f"{ours / node:.2f} |")
+    if not lines:
+        return ""
+    return ("\nThe stock op in a Python autograd node (aten's forward and backward called from an autograd.Function), "
+            "min us: node / stock is what a Python backward costs by itself; kernel / node what the kernel adds to it"
+            "\n\n| kernel | kind | stock | stock in a Python node | node / stock | kernel | kernel / node |\n"
+            "|---|---|---:|---:|---:|---:|---:|\n" + "\n".join(lines) + "\n")
+
+
 def markdown(table: pd.DataFrame, device: str) -> str:
     head = (f"Host us per call on {device} ({torch.__version__}), tiny tensors, {REPEATS} blocks of {CALLS} calls; "
             "min (median); ratio = kernel min / stock min\n\n"
@@ -301,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = measure(args.device, chosen, split=args.layers)
     table = summary(raw)
     text = (markdown(table, torch.cuda.get_device_name() if args.device == "cuda" else "cpu") + layers_markdown(raw)
-            + backward_markdown(raw))
+            + backward_markdown(raw) + python_node_markdown(raw))
     args.out.mkdir(parents=True, exist_ok=True)
     raw.to_parquet(args.out / "host_overhead.parquet", index=False)
     (args.out / "host_overhead.md").write_text(text)

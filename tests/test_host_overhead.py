@@ -28,7 +28,7 @@ def test_layers_split_the_forward_call_into_routing_dispatcher_wrapper_and_devic
     assert done.returncode == 0, done.stderr[-2000:]
     raw = pd.read_parquet(tmp_path / "host_overhead.parquet")
     arms = raw.groupby("kernel").arm.agg(set)
-    assert arms["fastsoftmax"] == {"kernel", "stock", "op", "impl", "launch"}
+    assert arms["fastsoftmax"] == {"kernel", "stock", "op", "impl", "launch", "pynode"}
     assert arms["fastgelu"] == {"kernel", "stock", "op", "impl", "launch"}
     text = (tmp_path / "host_overhead.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| fastsoftmax |") and line.count("|") == 9)
@@ -109,3 +109,34 @@ def test_the_backward_device_code_computes_autograd_s_gradients():
     ex, ew = grads(lambda a, b: host_overhead._rms_stock(a, b), (x, w), dy)
     torch.testing.assert_close(dx.double().reshape(x.shape), ex, **close)
     torch.testing.assert_close(dw.double(), ew, **close)
+
+
+def test_the_python_node_runs_the_stock_ops_forward_and_backward():
+    # "stock in a Python node" must be the stock op's math exactly (same values, same gradients), or node / stock
+    # would measure something else than a Python node's own cost.
+    host_overhead = _benchmark_module()
+    table = host_overhead.cases("cpu")
+    for kernel, node in host_overhead.PYTHON_NODE.items():
+        _ours, stock, make = table[kernel]
+        inputs = make()
+        leaves = [[t.clone().requires_grad_() for t in inputs] for _ in range(2)]
+        outs = [f(*args) for f, args in ((node, leaves[0]), (stock, leaves[1]))]
+        assert outs[0].grad_fn.name() != outs[1].grad_fn.name()  # a Python node, not aten's
+        torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+        dy = torch.randn_like(outs[0])
+        for out in outs:
+            out.backward(dy)
+        for a, b in zip(*leaves):
+            torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
+def test_the_python_node_table_divides_the_measured_minima(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--kernels", "fastsoftmax",
+                           "--layers", "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    mins = pd.read_parquet(tmp_path / "host_overhead.parquet").groupby(["arm", "kind"]).us_per_call.min()
+    text = (tmp_path / "host_overhead.md").read_text().split("in a Python autograd node")[1]
+    row = next(line for line in text.splitlines() if line.startswith("| fastsoftmax | fwd+bwd |"))
+    stock, node, node_ratio, ours, ours_ratio = (float(v) for v in row.strip("|").split("|")[2:7])
+    assert abs(stock - mins["stock", "fwd+bwd"]) < 0.1 and abs(node - mins["pynode", "fwd+bwd"]) < 0.1
+    assert abs(node_ratio - node / stock) < 0.01 and abs(ours_ratio - ours / node) < 0.01
