@@ -27,6 +27,7 @@ DIR/host_overhead.md (the summary table, also printed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import pathlib
 import sys
 import time
@@ -160,6 +161,41 @@ class _StockSoftmaxInPythonNode(torch.autograd.Function):
 
 # kernel -> the stock op in a Python autograd node, called as that kernel's cases() entry is
 PYTHON_NODE = {"fastsoftmax": _StockSoftmaxInPythonNode.apply, "fastlayernorm": _StockLayerNormInPythonNode.apply}
+# kernel -> the autograd.Function whose backward an eager call of it records (the direct path), and the Python node's
+BACKWARD_FUNCTION = {"fastsoftmax": softmax_op._FastSoftmaxFunction, "fusedsoftmax": fused_op._FusedSoftmaxFunction,
+                     "fastgelu": gelu_op._FastGELUFunction, "fastlayernorm": layernorm_op._FastLayerNormDirect,
+                     "rmsnorm": rmsnorm_op._RMSNormFunction, "swiglu": swiglu_op._SwigluFunction}
+PYTHON_NODE_FUNCTION = {"fastsoftmax": _StockSoftmaxInPythonNode, "fastlayernorm": _StockLayerNormInPythonNode}
+
+
+class BodyTimed:
+    """A forward + backward step whose autograd.Function's Python `backward` is timed from its first line to its
+    return, on whichever thread autograd runs it (its device thread on CUDA): `body_ns` adds up across calls. The
+    rest of the backward is autograd's engine, the Python node around the body and gradient accumulation."""
+
+    def __init__(self, step: Callable[[], None], function: type) -> None:
+        self.step, self.function, self.body_ns = step, function, 0
+
+    @contextlib.contextmanager
+    def timing(self):
+        original = self.function.__dict__["backward"]  # the staticmethod; autograd looks it up on every backward
+        body = original.__func__
+
+        def backward(ctx, *grads):
+            t0 = time.perf_counter_ns()
+            try:
+                return body(ctx, *grads)
+            finally:
+                self.body_ns += time.perf_counter_ns() - t0
+
+        self.function.backward = staticmethod(backward)
+        try:
+            yield
+        finally:
+            self.function.backward = original
+
+    def __call__(self) -> None:
+        self.step()
 
 
 def backward_layers(device: str) -> dict[str, tuple[Callable, Callable[[], tuple]]]:
@@ -254,20 +290,36 @@ def measure(device: str, kernels: list[str], split: bool = False) -> pd.DataFram
             for kind, step in steps(PYTHON_NODE[kernel], make).items():
                 if kind != "fwd":  # without grad the node is never built: the same call as the stock op's
                     calls[kernel, "pynode", kind] = step
+            calls[kernel, "pynode", "bwd-body"] = BodyTimed(steps(PYTHON_NODE[kernel], make)["fwd+bwd"],
+                                                            PYTHON_NODE_FUNCTION[kernel])
+        if split and kernel in BACKWARD_FUNCTION:
+            calls[kernel, "kernel", "bwd-body"] = BodyTimed(steps(ours, make)["fwd+bwd"], BACKWARD_FUNCTION[kernel])
     for step in calls.values():
-        for _ in range(WARMUP):
-            step()
+        with _body_timing(step):
+            for _ in range(WARMUP):
+                step()
     rows = []
     for block in range(REPEATS):
         for (kernel, arm, kind), step in calls.items():
-            rows.append({"kernel": kernel, "arm": arm, "kind": kind, "block": block, "us_per_call": block_us(step, sync)})
+            if isinstance(step, BodyTimed):  # the body's share of each call, not the block's wall time
+                step.body_ns = 0
+                with step.timing():
+                    block_us(step, sync)
+                us = step.body_ns / CALLS / 1e3
+            else:
+                us = block_us(step, sync)
+            rows.append({"kernel": kernel, "arm": arm, "kind": kind, "block": block, "us_per_call": us})
     sync()
     return pd.DataFrame(rows)
 
 
+def _body_timing(step):
+    return step.timing() if isinstance(step, BodyTimed) else contextlib.nullcontext()
+
+
 def summary(raw: pd.DataFrame) -> pd.DataFrame:
     """Per kernel and kind: median and minimum of each arm, and the kernel/stock ratio of the minima."""
-    raw = raw[raw.arm.isin(["kernel", "stock"])]
+    raw = raw[raw.arm.isin(["kernel", "stock"]) & raw.kind.isin(["fwd", "fwd-grad", "fwd+bwd"])]
     agg = raw.groupby(["kernel", "kind", "arm"], sort=False)["us_per_call"].agg(["median", "min"]).unstack("arm")
     out = pd.DataFrame({
         "kernel_us_min": agg["min"]["kernel"], "kernel_us_median": agg["median"]["kernel"],
@@ -300,19 +352,28 @@ def backward_markdown(raw: pd.DataFrame) -> str:
     for kernel in raw.kernel.unique():
         try:
             total, recorded = mins[kernel, "kernel", "fwd+bwd"], mins[kernel, "kernel", "fwd-grad"]
-            device_code = mins[kernel, "launch", "bwd"]
+            device_code, body = mins[kernel, "launch", "bwd"], mins[kernel, "kernel", "bwd-body"]
             stock_total, stock_recorded = mins[kernel, "stock", "fwd+bwd"], mins[kernel, "stock", "fwd-grad"]
         except KeyError:
             continue
         backward, stock_backward = total - recorded, stock_total - stock_recorded
         lines.append(f"| {kernel} | {total:.1f} | {recorded:.1f} | {backward:.1f} | {device_code:.1f} | "
-                     f"{backward - device_code:.1f} | {stock_recorded:.1f} | {stock_backward:.1f} |")
+                     f"{backward - device_code:.1f} | {body:.1f} | {backward - body:.1f} | {stock_recorded:.1f} | "
+                     f"{stock_backward:.1f} |")
+        if (kernel, "pynode", "bwd-body") in mins.index:  # the stock op's own work in a Python node, for scale
+            node_total, node_recorded = mins[kernel, "pynode", "fwd+bwd"], mins[kernel, "pynode", "fwd-grad"]
+            node_body, node_backward = mins[kernel, "pynode", "bwd-body"], node_total - node_recorded
+            lines.append(f"| {kernel}: stock in a Python node | {node_total:.1f} | {node_recorded:.1f} | "
+                         f"{node_backward:.1f} | - | - | {node_body:.1f} | {node_backward - node_body:.1f} | "
+                         f"{stock_recorded:.1f} | {stock_backward:.1f} |")
     if not lines:
         return ""
     return ("\nForward + backward by part, min us: backward = fwd+bwd - fwd-grad (the forward recording the graph); "
-            "rest = backward - its device code (autograd's engine, the Python backward, gradient accumulation)"
-            "\n\n| kernel | fwd+bwd | fwd-grad | backward | device code | rest | stock fwd-grad | stock backward |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(lines) + "\n")
+            "rest = backward - its device code (autograd's engine, the Python backward, gradient accumulation); "
+            "body = the Function's Python backward from its first line to its return (device code included), "
+            "outside = backward - body (autograd's engine, the Python node around the body, gradient accumulation)"
+            "\n\n| kernel | fwd+bwd | fwd-grad | backward | device code | rest | body | outside | stock fwd-grad | "
+            "stock backward |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(lines) + "\n")
 
 
 def python_node_markdown(raw: pd.DataFrame) -> str:

@@ -30,6 +30,7 @@ def test_layers_split_the_forward_call_into_routing_dispatcher_wrapper_and_devic
     arms = raw.groupby("kernel").arm.agg(set)
     assert arms["fastsoftmax"] == {"kernel", "stock", "op", "impl", "launch", "pynode"}
     assert arms["fastgelu"] == {"kernel", "stock", "op", "impl", "launch"}
+    assert "nan" not in (tmp_path / "host_overhead.md").read_text()
     text = (tmp_path / "host_overhead.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| fastsoftmax |") and line.count("|") == 9)
     call, routing, op, dispatcher, wrapper, device_code = (float(v) for v in row.strip("|").split("|")[1:7])
@@ -54,16 +55,21 @@ def test_the_backward_split_adds_up(tmp_path):
                            "--layers", "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     raw = pd.read_parquet(tmp_path / "host_overhead.parquet")
-    assert set(raw[raw.arm == "kernel"].kind) == {"fwd", "fwd-grad", "fwd+bwd"}
+    assert set(raw[raw.arm == "kernel"].kind) == {"fwd", "fwd-grad", "fwd+bwd", "bwd-body"}
     assert set(raw[raw.arm == "launch"].kind) == {"fwd", "bwd"}
     mins = raw.groupby(["arm", "kind"]).us_per_call.min()
     text = (tmp_path / "host_overhead.md").read_text().split("Forward + backward by part")[1]
     row = next(line for line in text.splitlines() if line.startswith("| fastlayernorm |"))
-    total, recorded, backward, device_code, rest, stock_recorded, stock_backward = (
-        float(v) for v in row.strip("|").split("|")[1:8])
+    total, recorded, backward, device_code, rest, body, outside, stock_recorded, stock_backward = (
+        float(v) for v in row.strip("|").split("|")[1:10])
     assert abs(total - mins["kernel", "fwd+bwd"]) < 0.1 and abs(device_code - mins["launch", "bwd"]) < 0.1
     assert abs(backward - (total - recorded)) < 0.2 and abs(rest - (backward - device_code)) < 0.2
+    assert abs(body - mins["kernel", "bwd-body"]) < 0.1 and abs(outside - (backward - body)) < 0.2
     assert abs(stock_backward - (mins["stock", "fwd+bwd"] - stock_recorded)) < 0.2
+    assert 0 < body < total  # the body is timed inside the forward + backward it is part of
+    node = next(line for line in text.splitlines() if line.startswith("| fastlayernorm: stock in a Python node |"))
+    node_body = float(node.strip("|").split("|")[6])
+    assert abs(node_body - mins["pynode", "bwd-body"]) < 0.1
 
 
 def test_the_backward_device_code_computes_autograd_s_gradients():
@@ -140,3 +146,19 @@ def test_the_python_node_table_divides_the_measured_minima(tmp_path):
     stock, node, node_ratio, ours, ours_ratio = (float(v) for v in row.strip("|").split("|")[2:7])
     assert abs(stock - mins["stock", "fwd+bwd"]) < 0.1 and abs(node - mins["pynode", "fwd+bwd"]) < 0.1
     assert abs(node_ratio - node / stock) < 0.01 and abs(ours_ratio - ours / node) < 0.01
+
+
+def test_the_body_timer_times_the_backward_that_runs_and_puts_it_back():
+    host_overhead = _benchmark_module()
+    function = host_overhead.BACKWARD_FUNCTION["fastsoftmax"]
+    original = function.__dict__["backward"]
+    step = host_overhead.steps(*host_overhead.cases("cpu")["fastsoftmax"][::2])["fwd+bwd"]
+    timed = host_overhead.BodyTimed(step, function)
+    timed()
+    assert timed.body_ns == 0  # not timing outside its context
+    with timed.timing():
+        timed()
+        once = timed.body_ns
+        timed()
+    assert 0 < once < timed.body_ns  # each backward adds its body's time
+    assert function.__dict__["backward"] is original
