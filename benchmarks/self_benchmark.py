@@ -79,6 +79,7 @@ class Settings:
     command: str
     started: float
     reference: str | None = None  # stock reference arms, as e2eprof's --reference takes them (sdpa, compile, none)
+    patch: str | None = None  # aa: the comparison calibrated (e2eprof calibrate's --patch; it must apply to the model)
 
     def passthrough(self) -> list[str]:
         """The tiny-settings options every e2eprof run of this benchmark gets."""
@@ -96,7 +97,10 @@ class Settings:
 
     def options(self) -> str:
         """The passed-through options as text: rows measured with different options are not mixed."""
-        return " ".join(self.passthrough())
+        return " ".join(self.passthrough() + self.patch_option())
+
+    def patch_option(self) -> list[str]:
+        return [] if self.patch is None else ["--patch", self.patch]
 
     def time_left(self) -> bool:
         """False once --deadline seconds have passed: no new run starts, what ran is written."""
@@ -206,7 +210,7 @@ def part_aa(s: Settings, first: int) -> list[dict]:
         if not s.time_left():
             break
         result = run_e2eprof(["calibrate", "--model", s.model, "--workload", s.workload, "--seed", str(i),
-                              *s.passthrough(), *budget], s.out / "runs" / f"aa-{i:03d}")
+                              *s.patch_option(), *s.passthrough(), *budget], s.out / "runs" / f"aa-{i:03d}")
         for workload in s.workloads():
             # The process-noise floor this run was judged with (e2eprof's default for the workload), so a floor set
             # from earlier runs is checked only on runs made under it.
@@ -777,6 +781,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--replicas", type=int, help="processes per compared arm, passed to every e2eprof run (default: e2eprof's)")
     # What a faster compare costs: `--part cost --reference sdpa` (no torch.compile arm), `--workload train,infer`.
     p.add_argument("--reference", help="stock reference arms passed to every e2eprof run, e.g. sdpa (default: e2eprof's)")
+    p.add_argument("--patch", help="aa: the comparison calibrated, passed to e2eprof calibrate (default: its own, "
+                                   "fastsoftmax, which applies to gpt2 only: llama-1b takes rmsnorm or swiglu)")
     return p.parse_args(argv)
 
 
@@ -785,6 +791,8 @@ def main(argv: list[str]) -> int:
     try:
         if a.runs < 1 or a.blocks < 2 or a.deadline <= 0:
             raise UsageError("--runs must be >= 1, --blocks >= 2 and --deadline > 0")
+        if a.patch is not None and a.part != "aa":
+            raise UsageError(f"--patch: only the aa part takes it (the {a.part} part sets its own patch)")
         if a.reference is not None and a.part != "cost":
             raise UsageError(f"--reference: only the cost part takes it (the {a.part} part sets its own arms)")
         try:
@@ -798,7 +806,7 @@ def main(argv: list[str]) -> int:
         a.out.mkdir(parents=True, exist_ok=True)
         s = Settings(model=a.model, workload=a.workload or "train", workload_given=a.workload is not None, device=resolve_device(a.device), out=a.out, runs=a.runs,
                      deadline_s=a.deadline, steps=a.steps, block_steps=a.block_steps, batch=a.batch, seq=a.seq,
-                     dtype=a.dtype, budget=a.budget, replicas=a.replicas, reference=a.reference, started=time.perf_counter(),
+                     dtype=a.dtype, budget=a.budget, replicas=a.replicas, reference=a.reference, patch=a.patch, started=time.perf_counter(),
                      command=" ".join(shlex.quote(x) for x in ["python3", "benchmarks/self_benchmark.py", *argv]))
         print(f"self-benchmark {a.part} on {s.device}: {s.model} {s.workload} -> {s.out}", flush=True)
         if a.part == "aa":

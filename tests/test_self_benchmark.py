@@ -119,6 +119,16 @@ def test_aa_over_several_workloads_gives_a_row_per_run_and_workload(tmp_path):
     assert text.count("- measured: ") == 2
 
 
+def test_aa_calibrates_the_patch_it_is_given(tmp_path):
+    # llama's A/A (the results table's rmsnorm and swiglu rows) needs a patch that applies to llama: fastsoftmax,
+    # calibrate's default, is refused there.
+    run_part(tmp_path, "--part", "aa", "--runs", "1", "--workload", "infer", "--patch", "rmsnorm",
+             "--model", "llama-tiny", "--steps", "6", "--seq", "16")
+    table = pd.read_parquet(tmp_path / "aa.parquet")
+    assert (table.error == "").all() and table.verdict.notna().all()
+    assert "--patch rmsnorm" in table.command.iloc[0] and "--patch rmsnorm" in table.e2eprof_options.iloc[0]
+
+
 def test_source_stamp_changes_with_the_measuring_code(tmp_path):
     sb = load_module()
     for folder in sb.SOURCE_FOLDERS:
@@ -194,6 +204,7 @@ def test_agreement_needs_cuda_and_says_so(out):
     (["--part", "sensitivity", "--levels", "two"], "error: --levels"),
     (["--part", "aa", "--reference", "sdpa"], "error: --reference: only the cost part"),  # aa sets its own arms
     (["--part", "sensitivity", "--workload", "train,decode"], "error: --workload: the sensitivity part measures one"),
+    (["--part", "sensitivity", "--patch", "rmsnorm"], "error: --patch: only the aa part"),  # it plants its own
 ])
 def test_bad_options_are_a_usage_error(out, args, message):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
