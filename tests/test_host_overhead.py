@@ -67,9 +67,12 @@ def test_the_backward_split_adds_up(tmp_path):
     assert abs(body - mins["kernel", "bwd-body"]) < 0.1 and abs(outside - (backward - body)) < 0.2
     assert abs(stock_backward - (mins["stock", "fwd+bwd"] - stock_recorded)) < 0.2
     assert 0 < body < total  # the body is timed inside the forward + backward it is part of
-    node = next(line for line in text.splitlines() if line.startswith("| fastlayernorm: stock in a Python node |"))
-    node_body = float(node.strip("|").split("|")[6])
-    assert abs(node_body - mins["pynode", "bwd-body"]) < 0.1
+    for arm, label in (("pynode", "stock in a Python node"), ("bare", "its device code in a bare Python node")):
+        node = next(line for line in text.splitlines() if line.startswith(f"| fastlayernorm: {label} |"))
+        node_total, _, node_backward, _, _, node_body, node_outside = node.strip("|").split("|")[1:8]
+        assert abs(float(node_total) - mins[arm, "fwd+bwd"]) < 0.1
+        assert abs(float(node_body) - mins[arm, "bwd-body"]) < 0.1
+        assert abs(float(node_outside) - (float(node_backward) - float(node_body))) < 0.2
 
 
 def test_the_backward_device_code_computes_autograd_s_gradients():
@@ -162,3 +165,21 @@ def test_the_body_timer_times_the_backward_that_runs_and_puts_it_back():
         timed()
     assert 0 < once < timed.body_ns  # each backward adds its body's time
     assert function.__dict__["backward"] is original
+
+
+def test_the_bare_node_runs_the_kernels_own_code():
+    # "its device code in a bare Python node" must compute exactly what fastlayernorm computes (the same device code),
+    # or kernel - bare would not be op.py's own cost.
+    host_overhead = _benchmark_module()
+    ours, _stock, make = host_overhead.cases("cpu")["fastlayernorm"]
+    bare = host_overhead.BARE_NODE_FUNCTION["fastlayernorm"].apply
+    inputs = make()
+    leaves = [[t.clone().requires_grad_() for t in inputs] for _ in range(2)]
+    outs = [f(*args) for f, args in ((bare, leaves[0]), (ours, leaves[1]))]
+    assert "LayerNormKernelsInBareNode" in outs[0].grad_fn.name()
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+    dy = torch.randn_like(outs[0])
+    for out in outs:
+        out.backward(dy)
+    for a, b in zip(*leaves):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
