@@ -127,16 +127,21 @@ def test_the_python_node_runs_the_stock_ops_forward_and_backward():
     table = host_overhead.cases("cpu")
     for kernel, node in host_overhead.PYTHON_NODE.items():
         _ours, stock, make = table[kernel]
-        inputs = make()
-        leaves = [[t.clone().requires_grad_() for t in inputs] for _ in range(2)]
-        outs = [f(*args) for f, args in ((node, leaves[0]), (stock, leaves[1]))]
-        assert outs[0].grad_fn.name() != outs[1].grad_fn.name()  # a Python node, not aten's
-        torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
-        dy = torch.randn_like(outs[0])
-        for out in outs:
-            out.backward(dy)
-        for a, b in zip(*leaves):
-            torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+        out, expected = _same_values_and_gradients(node, stock, make())
+        assert out.grad_fn.name() != expected.grad_fn.name()  # a Python node, not aten's
+
+
+def _same_values_and_gradients(call, expected_call, inputs):
+    """Both calls on copies of `inputs`: equal outputs and equal gradients of every input, bit for bit; the outputs."""
+    leaves = [[t.clone().requires_grad_() for t in inputs] for _ in range(2)]
+    outs = [f(*args) for f, args in ((call, leaves[0]), (expected_call, leaves[1]))]
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+    dy = torch.randn_like(outs[0])
+    for out in outs:
+        out.backward(dy)
+    for a, b in zip(*leaves):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+    return outs
 
 
 def test_the_python_node_table_divides_the_measured_minima(tmp_path):
@@ -173,13 +178,5 @@ def test_the_bare_node_runs_the_kernels_own_code():
     host_overhead = _benchmark_module()
     ours, _stock, make = host_overhead.cases("cpu")["fastlayernorm"]
     bare = host_overhead.BARE_NODE_FUNCTION["fastlayernorm"].apply
-    inputs = make()
-    leaves = [[t.clone().requires_grad_() for t in inputs] for _ in range(2)]
-    outs = [f(*args) for f, args in ((bare, leaves[0]), (ours, leaves[1]))]
-    assert "LayerNormKernelsInBareNode" in outs[0].grad_fn.name()
-    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
-    dy = torch.randn_like(outs[0])
-    for out in outs:
-        out.backward(dy)
-    for a, b in zip(*leaves):
-        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+    out, _ = _same_values_and_gradients(bare, ours, make())
+    assert "LayerNormKernelsInBareNode" in out.grad_fn.name()
