@@ -190,15 +190,14 @@ class _LayerNormKernelsInBareNode(torch.autograd.Function):
         return dx.view(x.shape), dw, db
 
 
-# kernel -> the stock op in a Python autograd node, called as that kernel's cases() entry is
-PYTHON_NODE = {"fastsoftmax": _StockSoftmaxInPythonNode.apply, "fastlayernorm": _StockLayerNormInPythonNode.apply}
-# kernel -> the autograd.Function whose backward an eager call of it records (the direct path), and the Python node's
+# kernel -> the stock op in a Python autograd node, whose apply takes that kernel's cases() inputs
+PYTHON_NODE = {"fastsoftmax": _StockSoftmaxInPythonNode, "fastlayernorm": _StockLayerNormInPythonNode}
+# kernel -> its own device code in a bare Python node (see _LayerNormKernelsInBareNode)
+BARE_NODE = {"fastlayernorm": _LayerNormKernelsInBareNode}
+# kernel -> the autograd.Function whose backward an eager call of it records (the direct path)
 BACKWARD_FUNCTION = {"fastsoftmax": softmax_op._FastSoftmaxFunction, "fusedsoftmax": fused_op._FusedSoftmaxFunction,
                      "fastgelu": gelu_op._FastGELUFunction, "fastlayernorm": layernorm_op._FastLayerNormDirect,
                      "rmsnorm": rmsnorm_op._RMSNormFunction, "swiglu": swiglu_op._SwigluFunction}
-PYTHON_NODE_FUNCTION = {"fastsoftmax": _StockSoftmaxInPythonNode, "fastlayernorm": _StockLayerNormInPythonNode}
-# kernel -> its own device code in a bare Python node (see _LayerNormKernelsInBareNode)
-BARE_NODE_FUNCTION = {"fastlayernorm": _LayerNormKernelsInBareNode}
 
 
 class BodyTimed:
@@ -319,18 +318,13 @@ def measure(device: str, kernels: list[str], split: bool = False) -> pd.DataFram
         if kernel in backward_parts:
             call, make_bwd = backward_parts[kernel]
             calls[kernel, "launch", "bwd"] = _no_grad_call(call, make_bwd())
-        if split and kernel in PYTHON_NODE:
-            for kind, step in steps(PYTHON_NODE[kernel], make).items():
-                if kind != "fwd":  # without grad the node is never built: the same call as the stock op's
-                    calls[kernel, "pynode", kind] = step
-            calls[kernel, "pynode", "bwd-body"] = BodyTimed(steps(PYTHON_NODE[kernel], make)["fwd+bwd"],
-                                                            PYTHON_NODE_FUNCTION[kernel])
-        if split and kernel in BARE_NODE_FUNCTION:
-            bare = BARE_NODE_FUNCTION[kernel]
-            for kind, step in steps(bare.apply, make).items():
-                if kind != "fwd":
-                    calls[kernel, "bare", kind] = step
-            calls[kernel, "bare", "bwd-body"] = BodyTimed(steps(bare.apply, make)["fwd+bwd"], bare)
+        for arm, nodes in (("pynode", PYTHON_NODE), ("bare", BARE_NODE)):
+            if split and kernel in nodes:
+                node = nodes[kernel]
+                for kind, step in steps(node.apply, make).items():
+                    if kind != "fwd":  # without grad no node is built: only what it wraps runs
+                        calls[kernel, arm, kind] = step
+                calls[kernel, arm, "bwd-body"] = BodyTimed(steps(node.apply, make)["fwd+bwd"], node)
         if split and kernel in BACKWARD_FUNCTION:
             calls[kernel, "kernel", "bwd-body"] = BodyTimed(steps(ours, make)["fwd+bwd"], BACKWARD_FUNCTION[kernel])
     for step in calls.values():
