@@ -324,9 +324,10 @@ def measure(device: str, kernels: list[str], split: bool = False) -> pd.DataFram
                 for kind, step in steps(node.apply, make).items():
                     if kind != "fwd":  # without grad no node is built: only what it wraps runs
                         calls[kernel, arm, kind] = step
-                calls[kernel, arm, "bwd-body"] = BodyTimed(steps(node.apply, make)["fwd+bwd"], node)
+                calls[kernel, arm, "bwd-body"] = BodyTimed(calls[kernel, arm, "fwd+bwd"], node)
         if split and kernel in BACKWARD_FUNCTION:
-            calls[kernel, "kernel", "bwd-body"] = BodyTimed(steps(ours, make)["fwd+bwd"], BACKWARD_FUNCTION[kernel])
+            function = BACKWARD_FUNCTION[kernel]
+            calls[kernel, "kernel", "bwd-body"] = BodyTimed(calls[kernel, "kernel", "fwd+bwd"], function)
     for step in calls.values():
         with _body_timing(step):
             for _ in range(WARMUP):
