@@ -10,8 +10,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # imported where a table is built: a worker imports this module (via the config) but never pandas
+    import pandas as pd
 
 POINT_COLUMNS = ("point", "batch", "seq", "precision")
 OOM_METRIC = "oom"  # correctness.parquet metric of an out-of-memory row
@@ -76,6 +78,8 @@ def by_point(frame: pd.DataFrame, fn: Callable[[pd.DataFrame], pd.DataFrame | li
     Functions such as the op diff or the telemetry balance group by workload and arm only; fed a whole sweep they
     would pool different shapes into one number.
     """
+    import pandas as pd
+
     if not len(frame) or "point" not in frame:
         return pd.DataFrame(fn(frame))
     parts = []
