@@ -202,6 +202,11 @@ def _outputs(junit: Path | None, summary_md: Path | None):
 
 
 def _run(config, resume: bool = False, outputs=None) -> int:
+    from e2eprof.harness import prestart
+
+    # First, before the imports below (torch, pandas: seconds on a GPU host): the workers' own imports then overlap
+    # them, and the parent's checks too. Handed to the run, which stops any it does not use.
+    prestarted = prestart.for_config(config)
     from e2eprof.console import ConsoleEvents, print_outcome, print_summary
     from e2eprof.errors import RunError
     from e2eprof.runner import compare as run_compare
@@ -224,7 +229,7 @@ def _run(config, resume: bool = False, outputs=None) -> int:
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             previous[signal.SIGINT] = signal.signal(signal.SIGINT, _stop_once)
     try:
-        report = run_compare(config, events=events, resume=resume)
+        report = run_compare(config, events=events, resume=resume, prestarted=prestarted)
     except RunError as exc:
         if outputs is not None:
             publish.publish_failure(f"the run failed: {exc}", outputs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -330,21 +331,72 @@ AA_ARM = "baseline-aa"  # the second baseline process of an A/A run
 
 
 def resolve_device(device: str) -> str:
-    """'auto' -> 'cuda' when a GPU is visible, else 'cpu'; rejects devices that are not there."""
+    """'auto' -> 'cuda' when a GPU is visible, else 'cpu'; rejects devices that are not there.
+
+    Where NVML sees NVIDIA GPUs and CUDA_VISIBLE_DEVICES does not narrow them, NVML answers and torch is not
+    imported: that import is seconds of a GPU host's start-up, and the command line starts its workers before it
+    (harness/prestart.py). Whether torch can use the device is then checked by `check_torch_device` before anything
+    is measured. Everywhere else torch answers: once it is imported, without NVML, or where NVML sees no NVIDIA GPU
+    (torch may still see another vendor's).
+    """
+    if device == "cpu":
+        return "cpu"
+    if device != "auto" and not device.startswith("cuda"):
+        raise UsageError(f"--device: unknown device '{device}'; use auto, cpu, cuda or cuda:N")
+    count = None if "torch" in sys.modules else _nvml_gpu_count()
+    if count is None:
+        return _torch_device(device)
+    if device == "auto":
+        return "cuda"
+    _check_index(device, count, "visible to NVML")
+    return device
+
+
+def check_torch_device(device: str) -> None:
+    """Raise UsageError if torch cannot use `device`, a device resolve_device may have accepted from NVML alone."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device: '{device}': NVML sees an NVIDIA GPU, but torch {torch.__version__} cannot use "
+                             f"it (a build without CUDA?); install a CUDA build of torch, or pass --device cpu")
+        _check_index(device, torch.cuda.device_count(), "visible")
+
+
+def _torch_device(device: str) -> str:
     import torch
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        return "cpu"
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UsageError(f"--device: '{device}' asked for, but no CUDA device is visible")
-        index = device.partition(":")[2]
-        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
-            raise UsageError(f"--device: '{device}' does not exist; {torch.cuda.device_count()} CUDA device(s) visible")
-        return device
-    raise UsageError(f"--device: unknown device '{device}'; use auto, cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device: '{device}' asked for, but no CUDA device is visible")
+    _check_index(device, torch.cuda.device_count(), "visible")
+    return device
+
+
+def _check_index(device: str, count: int, seen: str) -> None:
+    index = device.partition(":")[2]
+    if index and (not index.isdigit() or int(index) >= count):
+        raise UsageError(f"--device: '{device}' does not exist; {count} CUDA device(s) {seen}")
+
+
+def _nvml_gpu_count() -> int | None:
+    """How many NVIDIA GPUs NVML sees, or None where it cannot tell what torch will see: no NVML, no GPU, or
+    CUDA_VISIBLE_DEVICES set (torch's reading of it, UUIDs and MIG instances included, is the one that counts)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no library, no driver: torch answers
+        return None
+    try:
+        return pynvml.nvmlDeviceGetCount() or None
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        pynvml.nvmlShutdown()
 
 
 # Where runs go without --out: a folder of the working directory that .gitignore lists, so a run never dirties a

@@ -23,13 +23,13 @@ from e2eprof.config import CompareConfig
 from e2eprof.errors import UsageError
 from e2eprof.runner import (
     Events,
-    _arms,
     _quiet,
     check_before_measuring,
     new_run_row,
     prepare_out_dir,
     recording_status,
 )
+from e2eprof.harness.arm_plan import planned_arms
 from e2eprof.sweep import is_oom, search_max_batch
 from e2eprof.harness.protocol import Build, Probe, WorkerSetup
 
@@ -57,7 +57,7 @@ def find_max_batch(config: CompareConfig, events: Events = _quiet) -> MaxBatchRe
     try:
         with recording_status(run_row):
             for seq, precision in shapes:
-                for arm in _arms(config, attn):
+                for arm in planned_arms(config, attn):
                     events("phase", name=f"max batch: {arm.name}", detail=f"seq {seq}, {precision}, up to {config.max_batch}")
                     rows.append(_search_arm(config, arm, seq, precision, workloads) | {"run_id": run_row["run_id"]})
                     reports.write_table(out_dir, "maxbatch", rows)

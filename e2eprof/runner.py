@@ -25,6 +25,8 @@ from e2eprof import candidates as cand
 from e2eprof import startup
 from e2eprof.tables import reports
 from e2eprof.harness import compile_cache, isolation
+from e2eprof.harness.arm_plan import planned_arms, with_replicas
+from e2eprof.harness import prestart
 from e2eprof.harness.prestart import Prestarted
 from e2eprof.harness import scratch as scratch_folder
 from e2eprof.harness import worker_output
@@ -32,7 +34,7 @@ from e2eprof.analysis.judge import judge, write_judgement
 from e2eprof.signoff import document as verdict_document
 from e2eprof import resume as resume_run
 from e2eprof.harness.arm_process import ArmProcess
-from e2eprof.config import AA_ARM, DEFAULT_WORKLOADS, CompareConfig, default_out_dir
+from e2eprof.config import DEFAULT_WORKLOADS, CompareConfig, check_torch_device, default_out_dir
 from e2eprof.distributed.launch import start_arm
 from e2eprof.distributed.telemetry import open_rank_samplers
 from e2eprof.env import capture_environment
@@ -44,7 +46,7 @@ from e2eprof.patching.scope import check_device, fit_workloads
 from e2eprof.phases.gate import correctness_gate, diagnose_failure, revalidate, trained_like_check
 from e2eprof.phases.profile import profile_arms, profile_steps_for
 from e2eprof.phases.proof import kernel_ran_rows, thread_rows
-from e2eprof.phases.timing import candidate_arm, timed_blocks
+from e2eprof.phases.timing import timed_blocks
 from e2eprof.registry import LoadedPatch
 from e2eprof.sweep import SweepPoint, is_oom
 from e2eprof.analysis.verdict import EXIT_CODES, Verdict
@@ -116,35 +118,11 @@ def run_progress(out: Path) -> str:
     return text
 
 
-def _arms(config: CompareConfig, attn: str) -> list[ArmSpec]:
-    """baseline and patched (or baseline twice for A/A), then the stock reference arms asked for."""
-    arms = [ArmSpec("baseline", attn, False)]
-    if config.aa:
-        return arms + [ArmSpec(AA_ARM, attn, False)]
-    arms += [ArmSpec(name, attn, True) for name in cand.arm_names(config)]  # "patched", or one per candidate
-    if "sdpa" in config.reference_arms and attn != "sdpa":
-        arms.append(ArmSpec("sdpa", "sdpa", False))
-    if "compile" in config.reference_arms:
-        # The strongest stock path: the compiler over the stock model with its fastest attention.
-        arms.append(ArmSpec("compile", "sdpa", False, compile=True))
-    return arms
-
-
-def _with_replicas(config: CompareConfig, arms: list[ArmSpec]) -> list[ArmSpec]:
-    """Every process to start: the arms, then the extra replicas of the baseline and the candidate (config.replicas
-    processes each). Replicas come last and in reverse, so a round of timed blocks runs baseline, patched, ...,
-    patched#1, baseline#1 and the next round the reverse: each arm's processes sit symmetric in time.
-    Reference arms run once: their intervals against the candidate carry the process noise of one process.
-    """
-    compared = {"baseline", candidate_arm(config), *cand.arm_names(config)}
-    extra = [replace(arm, replica=r) for r in range(1, config.replicas) for arm in arms if arm.name in compared]
-    return arms + extra[::-1]
-
-
 def check_before_measuring(config: CompareConfig, workloads) -> tuple[LoadedPatch, str]:
     """Everything that can be refused before a single measurement: the model, the workloads at every sequence length
     (generate on an encoder, --seq past the position table), the patch and whether it fits the model.
     Returns the loaded patch and the attention implementation the arms run with."""
+    check_torch_device(config.device)  # the config may have taken it from NVML alone
     try:
         source = resolve_model(config.model)
     except ModelLoadError as exc:
@@ -193,39 +171,26 @@ def recording_status(run_row: dict) -> Iterator[None]:
         run_row["ended_unix_ns"] = time.time_ns()
 
 
-def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = False) -> Report:
+def compare(config: CompareConfig, events: Events = _quiet, *, resume: bool = False,
+            prestarted: Prestarted | None = None) -> Report:
     """Run one comparison (see module docstring) and return its Report. Raises UsageError before measuring.
 
     resume: continue the interrupted run in config.out (resume.py): its finished units are kept, the others run;
     a complete run is returned as it is (Report.nothing_to_do).
+    prestarted: the first point's processes, started by the caller before its own imports (the command line does);
+    otherwise they are started here when the machine has cores for them. Stopped when the run ends, used or not.
     """
     if config.find_max_batch:
+        if prestarted is not None:
+            prestarted.close()
         raise UsageError("find_max_batch: this searches batch sizes instead of comparing; call e2eprof.maxbatch.find_max_batch")
-    prestarted = _prestart(config)
+    if prestarted is None:
+        prestarted = prestart.for_config(config)
     try:
         return _compare(config, events, resume, prestarted)
     finally:
         if prestarted is not None:
             prestarted.close()
-
-
-def _prestart(config: CompareConfig) -> Prestarted | None:
-    """The first point's worker processes, started before the checks so their imports overlap them
-    (harness/prestart.py). None for a data-parallel run (torchrun starts its workers), a model that does not
-    resolve (the checks refuse it), or a machine without a free core for each process beside the parent's: on a
-    2-core CPU the early imports only compete with the parent's, and made the start slower, not faster."""
-    if config.launch is not None:
-        return None
-    try:
-        model_type = resolve_model(config.model).architecture
-    except ModelLoadError:
-        return None
-    # The stock-attention arm is counted whenever it is a reference arm: whether this patch needs it is known only
-    # after the checks, and an unused process is stopped.
-    count = len(_with_replicas(config, _arms(config, attn="eager")))
-    if len(isolation.available_cores()) < count + isolation.PARENT_CORES:
-        return None
-    return Prestarted(count, config.isolate, model_type)
 
 
 def _compare(config: CompareConfig, events: Events, resume: bool, prestarted: Prestarted | None) -> Report:
@@ -273,7 +238,7 @@ def _compare(config: CompareConfig, events: Events, resume: bool, prestarted: Pr
                 state.profiles[(point, workload, arm)] = profile
         events("phase", name="resume", detail=f"{len(prior.units)} finished unit(s) kept: {', '.join(sorted(prior.units)) or 'none'}")
     state.flush()
-    arms = _arms(config, attn)
+    arms = planned_arms(config, attn)
     scratch, orphans = scratch_folder.create()
     if orphans:
         events("phase", name="scratch", detail=f"removed {len(orphans)} scratch folder(s) of killed runs: "
@@ -347,7 +312,7 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
         return
     processes: dict[str, ArmProcess] = {}  # by process key: the arm's name, "<arm>#<replica>" for its replicas
     try:
-        specs = _with_replicas(config, arms)
+        specs = with_replicas(config, arms)
         placements = isolation.plan(len(specs), config.isolate) if config.launch is None else [None] * len(specs)
         asked = {arm.key: placement.describe() for arm, placement in zip(specs, placements) if placement is not None}
         with state.phase(events, "*", "start workers and build models", ", ".join(a.key for a in specs)):

@@ -11,17 +11,17 @@ a typo before it spawns worker processes.
 from __future__ import annotations
 
 import contextlib
-
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from e2eprof.suggest import suggest
 
 from .presets import PRESETS
+
+if TYPE_CHECKING:
+    import torch
 
 # Encoder-only families: built with their masked-LM head and measured with a masked-LM objective (see loops.py);
 # they have no causal LM, so no generate workload. Every other family is measured as a causal LM.
@@ -64,6 +64,19 @@ def resolve_model(name_or_path: str) -> ModelSource:
     return _resolve_folder(path)
 
 
+def declared_architecture(name_or_path: str) -> str | None:
+    """The model_type a preset or a folder's config.json names, without validating anything (None where none can be
+    read): what a worker process may import before the checks, which refuse a model that does not resolve."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]["model_type"]
+    try:
+        config = json.loads((Path(name_or_path).expanduser() / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    declared = config.get("model_type") if isinstance(config, dict) else None
+    return declared if isinstance(declared, str) and declared.isidentifier() else None
+
+
 def build_model(source: ModelSource, *, attn_implementation: str, seed: int,
                 device: torch.device | str | None = None) -> torch.nn.Module:
     """Build the model in fp32, in eval mode, with the requested attention implementation, on the CPU or `device`.
@@ -79,6 +92,9 @@ def build_model(source: ModelSource, *, attn_implementation: str, seed: int,
     if "/" in attn_implementation:
         # transformers treats "org/repo" as a kernel to fetch from the Hub; we never download.
         raise ModelLoadError(f"attn_implementation {attn_implementation!r} names a Hub kernel; downloads are disabled")
+    # Imported here, as transformers is: resolving a model needs neither, and the command line resolves its model
+    # before the parent imports either, so that its workers start first (e2eprof/harness/prestart.py).
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
     auto_class = AutoModelForMaskedLM if objective(source.architecture) == "masked-lm" else AutoModelForCausalLM

@@ -4,7 +4,9 @@ Before its first worker starts, a run's parent imports torch and transformers, r
 patch to check it against the model; each worker then imports the same libraries again and builds its model. On a
 GPU host both take seconds (reports/2026-12-06-h200-after-host-cost/startup/ has the steps), none of it is timed, and
 they need not wait for each other: the processes a run will need are started first, import torch, transformers and
-the model's modeling code while the parent checks, and then wait for their WorkerSetup.
+the model's modeling code while the parent checks, and then wait for their WorkerSetup. The command line starts
+them as soon as its options are read, before the parent imports torch (`for_config` needs neither torch nor pandas):
+on GPU hosts the workers' imports, not the parent's checks, decide when the first step can run.
 
 Only what every worker does anyway happens early: imports, nothing that depends on the arm (patches, the model's
 weights, the device). A process is started with the run's compile-cache variables and the OpenMP wait policy, which
@@ -17,8 +19,11 @@ from __future__ import annotations
 import importlib
 import signal
 
+from e2eprof.config import CompareConfig
 from e2eprof.harness import isolation
+from e2eprof.harness.arm_plan import planned_arms, with_replicas
 from e2eprof.harness.arm_process import spawn
+from e2eprof.workloads.models import declared_architecture
 
 
 def _prestarted_main(conn, model_type: str | None) -> None:
@@ -69,3 +74,20 @@ class Prestarted:
                 process.join(timeout=5)
             conn.close()
 
+
+def for_config(config: CompareConfig) -> Prestarted | None:
+    """The first point's worker processes, started now, or None: for a data-parallel run (torchrun starts its
+    workers), a batch-size search, a model that names no model_type (the checks refuse it), or a machine without a
+    free core for each process beside the parent's: on a 2-core CPU the early imports only compete with the
+    parent's, and made the start slower, not faster."""
+    if config.launch is not None or config.find_max_batch:
+        return None
+    model_type = declared_architecture(config.model)
+    if model_type is None:
+        return None
+    # The stock-attention arm is counted whenever it is a reference arm: whether this patch needs it is known only
+    # after the checks, and an unused process is stopped.
+    count = len(with_replicas(config, planned_arms(config, attn="eager")))
+    if len(isolation.available_cores()) < count + isolation.PARENT_CORES:
+        return None
+    return Prestarted(count, config.isolate, model_type)

@@ -9,7 +9,7 @@ import pandas as pd
 
 from e2eprof.analysis import stats
 from e2eprof.candidates import arm_names
-from e2eprof.config import AA_ARM, CompareConfig
+from e2eprof.config import CompareConfig
 from e2eprof.distributed import ranks as dp
 from e2eprof.harness.pool import call
 from e2eprof.harness.protocol import Block
@@ -89,8 +89,3 @@ def stop_reason(config, state, workload: str, blocks: int, elapsed: float) -> st
     if blocks >= config.max_blocks:
         return "block limit reached"
     return None
-
-
-def candidate_arm(config: CompareConfig) -> str:
-    """The arm whose speedup over the baseline is judged: the patched model, or the second baseline in A/A."""
-    return AA_ARM if config.aa else "patched"

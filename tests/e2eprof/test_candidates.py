@@ -18,7 +18,7 @@ from e2eprof.analysis import stats
 from e2eprof.analysis.summary import summarize
 from e2eprof.analysis.verdict import EXIT_CODES, FAIL, INCONCLUSIVE, PASS, Verdict
 from e2eprof.config import CompareConfig
-from e2eprof.runner import _arms, _with_replicas
+from e2eprof.harness.arm_plan import planned_arms, with_replicas
 from e2eprof.tables import reports, schema
 
 from tests.e2eprof.test_summary import clean_checks, steps_for
@@ -203,10 +203,10 @@ def config(*patches, **changes):
 
 def test_one_patch_keeps_the_patched_arm_and_several_name_theirs():
     # (attention "eager" so the stock SDPA reference arm runs: reference arms follow the candidates)
-    assert [a.name for a in _arms(config("fastgelu", reference_arms=("sdpa",)), "eager")] == ["baseline", "patched", "sdpa"]
-    assert [a.name for a in _arms(config("fastgelu+fastlayernorm"), "sdpa")] == ["baseline", "patched"]
+    assert [a.name for a in planned_arms(config("fastgelu", reference_arms=("sdpa",)), "eager")] == ["baseline", "patched", "sdpa"]
+    assert [a.name for a in planned_arms(config("fastgelu+fastlayernorm"), "sdpa")] == ["baseline", "patched"]
     several = config("fastgelu", "fastlayernorm", replicas=2, reference_arms=("sdpa",))
-    assert [a.key for a in _with_replicas(several, _arms(several, "eager"))] == [
+    assert [a.key for a in with_replicas(several, planned_arms(several, "eager"))] == [
         "baseline", "patched:fastgelu", "patched:fastlayernorm", "sdpa",
         "patched:fastlayernorm#1", "patched:fastgelu#1", "baseline#1"]
     assert "candidates" not in config("fastgelu").to_record()  # a one-patch run records what it always did

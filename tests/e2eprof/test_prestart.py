@@ -10,7 +10,8 @@ import pytest
 
 from e2eprof import runner
 from e2eprof.config import CompareConfig
-from e2eprof.harness import isolation
+from e2eprof.harness import isolation, prestart
+from e2eprof.harness.arm_plan import planned_arms, with_replicas
 from e2eprof.harness.arm_process import ArmFailed, ArmProcess
 from e2eprof.harness.prestart import Prestarted
 from e2eprof.harness.protocol import ArmSpec, Build, Warmup, WorkerSetup
@@ -67,19 +68,20 @@ def test_a_prestarted_process_that_died_is_reported_as_a_crash(tmp_path):
 
 def test_a_run_prestarts_its_first_points_processes_only_where_each_has_a_core(monkeypatch):
     made = []
-    monkeypatch.setattr(runner, "Prestarted",
+    monkeypatch.setattr(prestart, "Prestarted",
                         lambda count, parts, model_type: made.append((count, parts, model_type)) or made)
     config = CompareConfig(model="gpt2", patch="fastsoftmax", device="cpu", replicas=2,
                            reference_arms=("sdpa", "compile"))
     # baseline, patched, sdpa, compile and one more process each for baseline and patched
-    arms = len(runner._with_replicas(config, runner._arms(config, attn="eager")))
+    arms = len(with_replicas(config, planned_arms(config, attn="eager")))
     assert arms == 6
     monkeypatch.setattr(isolation, "available_cores", lambda: tuple(range(16)))
-    assert runner._prestart(config) is made and made == [(6, config.isolate, "gpt2")]
+    assert prestart.for_config(config) is made and made == [(6, config.isolate, "gpt2")]
     monkeypatch.setattr(isolation, "available_cores", lambda: (0, 1))  # the 2-core CI machine
-    assert runner._prestart(config) is None
+    assert prestart.for_config(config) is None
     monkeypatch.setattr(isolation, "available_cores", lambda: tuple(range(16)))
-    assert runner._prestart(CompareConfig(model="no-such-model", patch="fastsoftmax", device="cpu")) is None
+    assert prestart.for_config(CompareConfig(model="no-such-model", patch="fastsoftmax", device="cpu")) is None
+    assert len(made) == 1
 
 
 def test_a_whole_run_with_prestarted_workers_completes_and_leaves_no_process_behind(tmp_path, monkeypatch):
@@ -91,14 +93,14 @@ def test_a_whole_run_with_prestarted_workers_completes_and_leaves_no_process_beh
 
     monkeypatch.setattr(isolation, "available_cores", lambda: tuple(range(16)))
     started = []
-    real = runner.Prestarted
+    real = prestart.Prestarted
 
     def counting(count, parts, model_type):
         pool = real(count, parts, model_type)
         started.append((count, [p.pid for p, _ in pool._idle]))
         return pool
 
-    monkeypatch.setattr(runner, "Prestarted", counting)
+    monkeypatch.setattr(prestart, "Prestarted", counting)
     config = CompareConfig(model="gpt2-tiny", patch="fastgelu", device="cpu", workloads=("infer",),
                            out=tmp_path / "run", steps=4, block_steps=2, budget_seconds=0, profile=False)
     built = {}
@@ -131,31 +133,66 @@ def test_a_point_that_resume_skips_stops_the_prestarted_processes(tmp_path):
     point = config.points[0]
     state = RunState(tmp_path, {}, sampler=None)
     state.units = {unit_key(point.id, "infer"): {}}
-    runner._run_point(config.at(point), point, runner._arms(config, "eager"), state, {}, tmp_path, lambda *a, **k: None,
+    runner._run_point(config.at(point), point, planned_arms(config, "eager"), state, {}, tmp_path, lambda *a, **k: None,
                       Pool())
     assert Pool.closed == 1
 
 
-def test_the_command_starts_its_workers_before_the_parent_imports_transformers():
-    """The workers' head start is the parent's imports: on a GPU host transformers took 6.6 s of them (a config class
-    loads the modeling and distributed code), and when the command read the preset's position count through it, the
-    processes started only after that (their setups came 9.5 s after they started on an H100 host)."""
+def test_the_command_starts_its_workers_before_the_parent_imports_torch_pandas_or_transformers():
+    """The workers' head start is the parent's imports. On the 2026-12-07 H200 host the workers' own imports ended
+    16.6-17.0 s after they started and decided when the first step could run; started after the parent had
+    imported torch, they began about 5 s into the command (reports/2026-12-07-h200-run-time/)."""
     import subprocess
     import sys
 
     script = (
         "import os, sys\n"
-        "from e2eprof import runner\n"
-        "from e2eprof.harness import isolation\n"
+        "from e2eprof.harness import isolation, prestart\n"
         "isolation.available_cores = lambda: tuple(range(16))\n"
         "def seen(count, parts, model_type):\n"
-        "    print('transformers loaded:', any(m.startswith('transformers') for m in sys.modules), flush=True)\n"
+        "    heavy = sorted(m for m in ('torch', 'pandas', 'transformers') if m in sys.modules)\n"
+        "    print('started', count, model_type, 'after', heavy or 'nothing heavy', flush=True)\n"
         "    os._exit(0)\n"
-        "runner.Prestarted = seen\n"
+        "prestart.Prestarted = seen\n"
         "from e2eprof.cli import main\n"
         "sys.argv = ['e2eprof', 'compare', '--model', 'gpt2-tiny', '--patch', 'fastsoftmax', '--device', 'cpu',\n"
         "            '--workload', 'infer', '--out', os.environ['RUN_DIR']]\n"
         "main()\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "RUN_DIR": "/nonexistent/e2eprof-test-run"})
-    assert "transformers loaded: False" in out.stdout, out.stdout + out.stderr
+    assert "started 3 gpt2 after nothing heavy" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_command_hands_its_early_processes_to_the_run(tmp_path, monkeypatch):
+    """The processes the command line starts are the ones the run's arms use: not a second set started by the run."""
+    import multiprocessing as mp
+
+    from e2eprof import cli
+
+    monkeypatch.setattr(isolation, "available_cores", lambda: tuple(range(16)))
+    pools = []
+    real = prestart.Prestarted
+
+    def counting(count, parts, model_type):
+        pools.append(real(count, parts, model_type))
+        pools[-1].pids = [p.pid for p, _ in pools[-1]._idle]
+        return pools[-1]
+
+    monkeypatch.setattr(prestart, "Prestarted", counting)
+    built = []
+    real_broadcast = runner.broadcast
+
+    def seeing_builds(processes, state, command):
+        answers = real_broadcast(processes, state, command)
+        if isinstance(command, Build):
+            built.extend(answer["pid"] for answer in answers.values())
+        return answers
+
+    monkeypatch.setattr(runner, "broadcast", seeing_builds)
+    code = cli.main(["compare", "--model", "gpt2-tiny", "--patch", "fastgelu", "--device", "cpu", "--workload",
+                     "infer", "--steps", "4", "--block-steps", "2", "--budget", "0", "--no-profile",
+                     "--out", str(tmp_path / "run")])
+    assert code in (0, 1, 3)
+    assert len(pools) == 1, "the run started a second set of processes"
+    assert len(built) == 2 and set(built) < set(pools[0].pids)
+    assert not mp.active_children(), "a prestarted process outlived the run"

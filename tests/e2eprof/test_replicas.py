@@ -16,7 +16,7 @@ from e2eprof.config import AA_ARM, CompareConfig, DeviceDefaults
 from e2eprof.errors import UsageError
 from e2eprof.harness.pool import call, process_failed
 from e2eprof.phases.timing import stop_reason
-from e2eprof.runner import _arms, _with_replicas
+from e2eprof.harness.arm_plan import planned_arms, with_replicas
 from e2eprof.analysis.summary import summarize
 from e2eprof.analysis.verdict import FAIL
 from e2eprof.harness.protocol import Block, arm_of
@@ -71,12 +71,12 @@ def test_cli_rejects_zero_replicas_in_one_line():
 
 def test_only_the_compared_arms_are_replicated_and_sit_symmetric_in_a_round():
     config = cpu_config(replicas=3, reference_arms=("sdpa",))
-    keys = [a.key for a in _with_replicas(config, _arms(config, "eager"))]
+    keys = [a.key for a in with_replicas(config, planned_arms(config, "eager"))]
     assert keys == ["baseline", "patched", "sdpa", "patched#2", "baseline#2", "patched#1", "baseline#1"]
     assert {arm_of(k) for k in keys} == {"baseline", "patched", "sdpa"}
     aa = cpu_config(replicas=2, aa=True)
-    assert [a.key for a in _with_replicas(aa, _arms(aa, "eager"))] == ["baseline", AA_ARM, f"{AA_ARM}#1", "baseline#1"]
-    assert [a.key for a in _with_replicas(cpu_config(), _arms(cpu_config(), "eager"))] == ["baseline", "patched", "sdpa"]
+    assert [a.key for a in with_replicas(aa, planned_arms(aa, "eager"))] == ["baseline", AA_ARM, f"{AA_ARM}#1", "baseline#1"]
+    assert [a.key for a in with_replicas(cpu_config(), planned_arms(cpu_config(), "eager"))] == ["baseline", "patched", "sdpa"]
 
 
 class Process:
