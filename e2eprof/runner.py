@@ -340,6 +340,10 @@ def _run_point(config: CompareConfig, point: SweepPoint, arms: list[ArmSpec], st
             state.run_row["sites_json"] = reports.to_json(cand.sites(config, builds))
             # Data-parallel arms: each rank's pid, device and GPU UUID (single-process builds have no "ranks").
             state.run_row["ranks_json"] = reports.to_json({a: b["ranks"] for a, b in builds.items() if "ranks" in b})
+            # The start-up's critical path: when each worker started and how far its imports and build had got.
+            state.run_row["startup_json"] = reports.to_json(
+                {key: {"started_unix_ns": b.get("started_unix_ns"), **(b.get("process_age_s") or {}),
+                       "build_s": b.get("build_s")} for key, b in builds.items()})
         events("built", builds=builds)
         for workload in todo:
             _run_workload(Unit(config, workload, processes, state, next(iter(patch.values())), scratch, events, patch))

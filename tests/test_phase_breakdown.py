@@ -60,3 +60,23 @@ def test_runs_with_different_phases_keep_the_run_order(tmp_path):
     assert order.index("cold step") < order.index("correctness") < order.index("timing") < order.index("profile")
     line = next(line for line in done.stdout.splitlines() if line.startswith("| summary and tables |"))
     assert line.strip("|").split("|")[1].strip() == "-"  # the interrupted run has none
+
+
+def test_workers_start_up_in_seconds_from_the_command_start(tmp_path):
+    import json
+
+    run = tmp_path / "run"
+    run.mkdir()
+    phases = pd.read_parquet(GPU_RUN / "phases.parquet")
+    phases.to_parquet(run / "phases.parquet")
+    origin = int(phases[phases.phase == "start-up and checks"].start_unix_ns.iloc[0])
+    startup = {"baseline": {"started_unix_ns": origin + 300_000_000, "imported": 16.5, "setup": 16.9, "build": 17.0,
+                            "build_s": 1.5},
+               "compile": {"started_unix_ns": None}}
+    pd.DataFrame([{"run_id": "r", "startup_json": json.dumps(startup)}]).to_parquet(run / "run.parquet")
+    done = _run(run, "--workers")
+    assert done.returncode == 0, done.stderr
+    assert "| baseline | 0.3 | 16.8 | 17.2 | 17.3 | 18.8 |" in done.stdout
+    assert "| compile | - | - | - | - | - |" in done.stdout
+    without = _run(GPU_RUN, "--workers")
+    assert without.returncode == 0 and "no startup_json in run.parquet" in without.stdout

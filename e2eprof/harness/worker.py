@@ -141,6 +141,7 @@ class ArmWorker:
             "sites": self.applied.sites if self.applied else [],
             "build_s": time.perf_counter() - started,
             "process_age_s": ages,
+            "started_unix_ns": None if ages["build"] is None else time.time_ns() - int(process_age() * 1e9),
             "batch_digest": digest(self.batches),
             "pid": os.getpid(),
             "placement": _placement_seen(),

@@ -100,6 +100,9 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         _opt("telemetry_json", "str", "the sampler's interval, source and counts, JSON"),
         _opt("points_json", "str", "every point of the run (also those where nothing ran), JSON"),
         _opt("isolation_json", "str", "process isolation settings (CPU pinning, priorities), JSON"),
+        _opt("startup_json", "str", "each worker process of the first point: when it started (Unix ns), when its "
+                                    "imports were done, it read its setup and its build began (s since its start), "
+                                    "and its build's seconds, JSON"),
         _opt("compile_cache_dir", "str", "the compile-cache folder every worker shared, and any TORCHINDUCTOR_CACHE_DIR or TRITON_CACHE_DIR set in the environment that the workers used instead (null: torch's defaults)"),
         _opt("compile_cache_warm", "bool", "whether the cache folders the workers used already held compiled artifacts as the run began"),
         _opt("sites_json", "str", "where the patch replaced code and how often, JSON"),

@@ -196,3 +196,16 @@ def test_the_command_hands_its_early_processes_to_the_run(tmp_path, monkeypatch)
     assert len(pools) == 1, "the run started a second set of processes"
     assert len(built) == 2 and set(built) < set(pools[0].pids)
     assert not mp.active_children(), "a prestarted process outlived the run"
+    # run.parquet dates each worker's start: inside the command's start-up, before its checks were done.
+    import json
+
+    import pandas as pd
+
+    startup = json.loads(pd.read_parquet(tmp_path / "run" / "run.parquet").iloc[0]["startup_json"])
+    phases = pd.read_parquet(tmp_path / "run" / "phases.parquet").set_index("phase")
+    checks = phases.loc["start-up and checks"]
+    assert set(startup) == {"baseline", "patched"}
+    for ages in startup.values():
+        # /proc dates a process to the clock tick (10 ms): a worker may read as started just before the command did
+        assert checks.start_unix_ns - 2e7 <= ages["started_unix_ns"] <= checks.end_unix_ns
+        assert 0 < ages["imported"] <= ages["setup"] <= ages["build"] and ages["build_s"] > 0
