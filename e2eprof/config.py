@@ -381,9 +381,12 @@ def _check_index(device: str, count: int, seen: str) -> None:
 
 
 def _nvml_gpu_count() -> int | None:
-    """How many NVIDIA GPUs NVML sees, or None where it cannot tell what torch will see: no NVML, no GPU, or
-    CUDA_VISIBLE_DEVICES set (torch's reading of it, UUIDs and MIG instances included, is the one that counts)."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+    """How many GPUs torch will see, as far as NVML can tell: every NVIDIA GPU, or those a CUDA_VISIBLE_DEVICES list
+    of distinct indices names. None where NVML cannot tell: no NVML, no GPU, or another CUDA_VISIBLE_DEVICES (UUIDs,
+    MIG instances, an empty or invalid list: torch's reading of those is the one that counts)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    indices = None if visible is None else [part.strip() for part in visible.split(",")]
+    if indices is not None and not (all(i.isdigit() for i in indices) and len(set(map(int, indices))) == len(indices)):
         return None
     try:
         import pynvml
@@ -392,11 +395,14 @@ def _nvml_gpu_count() -> int | None:
     except Exception:  # noqa: BLE001 - no library, no driver: torch answers
         return None
     try:
-        return pynvml.nvmlDeviceGetCount() or None
+        count = pynvml.nvmlDeviceGetCount()
     except Exception:  # noqa: BLE001
         return None
     finally:
         pynvml.nvmlShutdown()
+    if indices is not None:
+        return len(indices) if all(int(i) < count for i in indices) else None
+    return count or None
 
 
 # Where runs go without --out: a folder of the working directory that .gitignore lists, so a run never dirties a

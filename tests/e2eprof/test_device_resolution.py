@@ -27,7 +27,7 @@ def _fake_nvml(count: int, calls: list) -> types.ModuleType:
     return module
 
 
-def test_nvml_counts_the_gpus_unless_cuda_visible_devices_narrows_them(monkeypatch):
+def test_nvml_counts_the_gpus_that_cuda_visible_devices_leaves(monkeypatch):
     calls = []
     monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(4, calls))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -35,9 +35,13 @@ def test_nvml_counts_the_gpus_unless_cuda_visible_devices_narrows_them(monkeypat
     monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(0, calls))
     assert config_module._nvml_gpu_count() is None  # none seen: another vendor's GPU is torch's to find
     monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(4, calls))
-    for narrowed in ("", "1", "GPU-0f1e2d3c"):
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", narrowed)
-        assert config_module._nvml_gpu_count() is None
+    for listed, seen in (("1", 1), ("3,0", 2), (" 2, 1 ", 2)):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
+        assert config_module._nvml_gpu_count() == seen
+    # What NVML cannot read the way CUDA does is left to torch: none, UUIDs, MIG, repeats, an index past the last GPU
+    for unread in ("", "-1", "GPU-0f1e2d3c", "MIG-4a5b", "1,1", "0,4"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", unread)
+        assert config_module._nvml_gpu_count() is None, unread
 
 
 @needs_no_cuda

@@ -139,9 +139,8 @@ def test_a_point_that_resume_skips_stops_the_prestarted_processes(tmp_path):
 
 
 def test_the_command_starts_its_workers_before_the_parent_imports_torch_pandas_or_transformers():
-    """The workers' head start is the parent's imports. On the 2026-12-07 H200 host the workers' own imports ended
-    16.6-17.0 s after they started and decided when the first step could run; started after the parent had
-    imported torch, they began about 5 s into the command (reports/2026-12-07-h200-run-time/)."""
+    """The workers' head start is the parent's imports: on a GPU host the workers' own imports decide when the first
+    step can run, and they began only once the parent had imported torch (reports/2026-12-07-h200-run-time/)."""
     import subprocess
     import sys
 
