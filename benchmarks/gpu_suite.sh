@@ -26,7 +26,8 @@
 #                  and a forward call split into dispatcher, wrapper and Triton launch)
 #   repeat         the default command twice on a fresh compile cache (OUT_DIR/repeat/compile-cache, Inductor's and
 #                  Triton's caches in it whatever the environment sets): first and repeat,
-#                  their phases side by side in repeat/phases.log (benchmarks/phase_breakdown.py)
+#                  their phases side by side in repeat/phases.log (benchmarks/phase_breakdown.py), with each
+#                  worker's start-up in seconds from the command's start
 #   candidates     several candidates per run, Liger-Kernel beside ours (needs liger-kernel importable): gpt2 softmax
 #                  (fastsoftmax, liger-softmax, fusedsoftmax) and layernorm; llama-1b norms and MLPs in inference,
 #                  norms and liger-flce (memory) in training; candidates-gpt2 and candidates-llama run either half
@@ -131,7 +132,7 @@ for part in "${PARTS[@]}"; do
       unset E2EPROF_COMPILE_CACHE TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
       eval "$saved_caches"
       step "$dir" phases "$PY" benchmarks/phase_breakdown.py "$dir/$MODEL_-fastsoftmax-first" \
-        "$dir/$MODEL_-fastsoftmax-repeat" ;;
+        "$dir/$MODEL_-fastsoftmax-repeat" --workers ;;
     candidates-gpt2)
       # One process per arm by default (REPLICAS): three candidates beside both references at two per arm are ten
       # processes, and on the H200 those had not finished training's correctness checks after six minutes. Six gpt2

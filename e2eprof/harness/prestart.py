@@ -78,8 +78,8 @@ class Prestarted:
 def for_config(config: CompareConfig) -> Prestarted | None:
     """The first point's worker processes, started now, or None: for a data-parallel run (torchrun starts its
     workers), a batch-size search, a model that names no model_type (the checks refuse it), or a machine without a
-    free core for each process beside the parent's: on a 2-core CPU the early imports only compete with the
-    parent's, and made the start slower, not faster."""
+    free core for each process beside the parent's: on a 2-core CPU the early imports mostly compete with the
+    parent's for the same two cores (the head start there was about a second, within that machine's noise)."""
     if config.launch is not None or config.find_max_batch:
         return None
     model_type = declared_architecture(config.model)
