@@ -36,17 +36,34 @@ def environment() -> dict[str, str]:
         return {}
     wanted = {"TORCHINDUCTOR_CACHE_DIR": str(where / "inductor"), "TRITON_CACHE_DIR": str(where / "triton"),
               "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
-    return {k: v for k, v in wanted.items() if k not in os.environ}
+    return {k: v for k, v in wanted.items() if users_setting(k) is None}
+
+
+def users_setting(name: str) -> str | None:
+    """The environment's value of `name`, unless Inductor put it there itself: the first time anything in a process
+    asks for Inductor's cache folder, Inductor writes its default into TORCHINDUCTOR_CACHE_DIR, and importing
+    transformers' modeling code asks. Workers started after the parent's checks would otherwise inherit that default as
+    if a user had chosen it, and use it instead of the run's folder (a user who names the default itself gets the run's
+    folder too)."""
+    value = os.environ.get(name)
+    if name == "TORCHINDUCTOR_CACHE_DIR" and value is not None and os.path.abspath(value) == _inductor_default():
+        return None
+    return value
+
+
+def _inductor_default() -> str:
+    """Inductor's own default cache folder (torch._inductor.runtime.cache_dir_utils.default_cache_dir)."""
+    user = "".join("_" if c in '\\/:*?"<>|' else c for c in _user())
+    return os.path.abspath(os.path.join(tempfile.gettempdir(), "torchinductor_" + user))
 
 
 def effective_folders() -> dict[str, Path]:
     """The folders the workers' compilers will really use: a user's TORCHINDUCTOR_CACHE_DIR or TRITON_CACHE_DIR wins
     over e2eprof's folder (and with E2EPROF_COMPILE_CACHE=off, torch's and Triton's own defaults apply)."""
     ours = folder()
-    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or (
-        str(ours / "inductor") if ours is not None
-        else os.path.join(tempfile.gettempdir(), "torchinductor_" + _user()))  # Inductor's default
-    triton = os.environ.get("TRITON_CACHE_DIR") or (
+    inductor = users_setting("TORCHINDUCTOR_CACHE_DIR") or (
+        str(ours / "inductor") if ours is not None else _inductor_default())
+    triton = users_setting("TRITON_CACHE_DIR") or (
         str(ours / "triton") if ours is not None
         else os.path.join(os.environ.get("TRITON_HOME") or str(Path.home()), ".triton", "cache"))  # Triton's default
     return {"inductor": Path(inductor).expanduser(), "triton": Path(triton).expanduser()}
@@ -55,8 +72,8 @@ def effective_folders() -> dict[str, Path]:
 def _user() -> str:
     try:
         return getpass.getuser()
-    except (KeyError, OSError):  # no user name (a container without an entry in /etc/passwd)
-        return str(os.getuid())
+    except (KeyError, OSError):  # no user name (a container without an entry in /etc/passwd): as Inductor names it
+        return f"uid_{os.getuid()}"
 
 
 def describe() -> dict:

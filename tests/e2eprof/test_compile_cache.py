@@ -66,6 +66,25 @@ def test_a_users_own_inductor_folder_wins(tmp_path, monkeypatch):
     assert described["compile_cache_dir"].startswith(str(tmp_path / "ours"))
 
 
+def test_inductors_own_default_in_the_environment_is_not_a_users_choice(tmp_path):
+    """Importing transformers' modeling code asks Inductor for its cache folder, and Inductor writes its default into
+    TORCHINDUCTOR_CACHE_DIR: the workers a run starts after its checks must still get the run's folder, and the run
+    must say so (it said the default was "set in the environment, and used instead")."""
+    script = ("import json, os\n"
+              "import transformers.modeling_utils\n"
+              "from e2eprof.harness import compile_cache\n"
+              "print(json.dumps([os.environ.get('TORCHINDUCTOR_CACHE_DIR'), compile_cache._inductor_default(),\n"
+              "                  compile_cache.environment().get('TORCHINDUCTOR_CACHE_DIR'),\n"
+              "                  compile_cache.describe()['compile_cache_dir']]))\n")
+    env = {k: v for k, v in os.environ.items() if k not in INDUCTOR_VARIABLES}
+    env[compile_cache.VARIABLE] = str(tmp_path / "ours")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    written, default, given, described = json.loads(done.stdout.strip().splitlines()[-1])
+    assert written == default  # what this test is about: the import really writes it (else it proves nothing)
+    assert given == str(tmp_path / "ours" / "inductor") and described == str(tmp_path / "ours")
+
+
 def test_turned_off_reads_the_warmth_of_torchs_own_folders(tmp_path, monkeypatch):
     monkeypatch.setenv(compile_cache.VARIABLE, "off")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
