@@ -381,8 +381,7 @@ def _run_workload(unit: Unit) -> None:
         for arm in unit.live():
             state.steps += unit.call(arm, Cold(workload)) or []
 
-    with unit.phase("correctness"):
-        correctness_gate(unit)
+    with unit.phase("correctness"), correctness_gate(unit):  # the compile arm's capture runs on inside the block
         for arm in broken_before:
             if arm not in unit.live():  # failed in its cold step or in the gate's capture
                 diagnose_failure(unit, arm)

@@ -60,10 +60,63 @@ def left_out(processes, state, key: str, workload: str | None) -> bool:
     return key not in processes or arm_of(key) in state.arm_failures or (arm_of(key), workload) in state.out_of_memory
 
 
+class Pending:
+    """A command sent to one process now and answered later, for untimed work that can run on while the parent
+    talks to the other processes (the compile arm's correctness capture, which compiles a second graph).
+
+    A process takes one command at a time: `call` and `overlapped` first wait for a process's pending answer
+    before they send it anything, so a release of every cache, or an arm retried alone, still finds the others idle.
+    The answer is kept for `result`, which records a failure as `call` does and asks again alone once after running
+    out of memory, as `overlapped` does.
+    """
+
+    def __init__(self, processes, state, key: str, command: Command):
+        self.processes, self.state, self.key, self.command = processes, state, key, command
+        self._answered, self._answer = False, None
+        interrupt.check()
+        settle(state, key)
+        if left_out(processes, state, key, command.scope()):
+            self._answered = True
+            return
+        try:
+            processes[key].send(command)
+        except ArmFailed as failure:
+            process_failed(processes, state, key, failure, command.name, command.scope() or "*")
+            self._answered = True
+            return
+        state.pending[key] = self
+
+    def result(self):
+        """The answer (waiting for it if it has not come), or None where the process failed."""
+        if self._answered:
+            return self._answer
+        self._answered = True
+        self.state.pending.pop(self.key, None)
+        processes, state, key, command = self.processes, self.state, self.key, self.command
+        try:
+            self._answer = processes[key].receive()
+        except ArmFailed as failure:
+            if is_oom(failure):
+                release_caches(processes, state, keep=(key,))
+                self._answer = call(processes, state, key, command)
+            else:
+                process_failed(processes, state, key, failure, command.name, command.scope() or "*")
+        return self._answer
+
+
+def settle(state: RunState, key: str) -> None:
+    """Wait for `key`'s pending answer, if it has one (kept for its Pending), before the process gets another
+    command."""
+    pending = state.pending.get(key)
+    if pending is not None:
+        pending.result()
+
+
 def call(processes, state, key: str, command: Command):
     """One command to one arm's process (key: the arm, or "<arm>#<replica>"); a failure is recorded (not raised)
     and the arm, all its processes, is left out from then on."""
     interrupt.check()
+    settle(state, key)
     if left_out(processes, state, key, command.scope()):
         return None
     try:
@@ -85,6 +138,8 @@ def overlapped(processes, state, calls: dict[str, Command], *,
     """
     interrupt.check()
     sent = []
+    for arm in calls:
+        settle(state, arm)
     for arm, command in calls.items():
         if left_out(processes, state, arm, command.scope()):
             continue

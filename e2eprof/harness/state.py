@@ -41,6 +41,9 @@ class RunState:
         self.point: SweepPoint | None = None
         self.failed_by_point: dict[str, set[str]] = {}
         self.out_of_memory: set[tuple[str, str]] = set()  # (arm, workload) that ran out of memory at this point
+        # Commands sent and not yet answered, by process key (harness.pool.Pending): untimed work that runs on while
+        # the parent talks to the other processes. Not measurements: nothing here is written to a table.
+        self.pending: dict[str, object] = {}
         self._stamped = {"steps": 0, "correctness": 0, "phases": 0, "memory": 0, "jit": 0}
         # --resume: rows of the units an earlier attempt finished, kept as written (resume.py), and those units
         # with what the tables cannot hold (why timing stopped, profiles), recorded in run.parquet's resume_json.

@@ -4,12 +4,14 @@ per-call checks, its trained-like capture, a diagnosis when it failed early, and
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from e2eprof.harness.arm_process import ArmFailed
 from e2eprof.checks.correctness import compare_captures, op_check_rows
 from e2eprof.distributed import ranks as dp
-from e2eprof.harness.pool import call, overlapped, release_caches
+from e2eprof.harness.pool import Pending, call, overlapped, release_caches
 from e2eprof.harness.unit import Unit
 from e2eprof.patching import call_check_rows
 from e2eprof.sweep import is_oom
@@ -17,10 +19,18 @@ from e2eprof.harness.protocol import Capture, Reference, TrainedLike, scratch_pa
 from e2eprof.harness.scratch import located
 
 
-def correctness_gate(unit: Unit) -> None:
+# The arm whose capture is sent first and awaited last: the compiled model captures in eval mode, a second graph to
+# compile (seconds on a warm compile cache, half a minute on an empty one), and nothing else waits for its outputs.
+LATE_ARM = "compile"
+
+
+@contextmanager
+def correctness_gate(unit: Unit) -> Iterator[None]:
     """fp64 reference from the stock baseline, captures of every arm on pristine weights, op checks in the patched arm.
 
-    The captures of the other arms overlap the baseline's fp64 reference; the baseline's own capture follows it.
+    The captures of the other arms overlap the baseline's fp64 reference; the baseline's own capture follows it. The
+    compile arm's capture runs on beside all of that, the comparisons and the caller's block (the candidates'
+    trained-like checks): its outputs are compared when the block ends, still before any warm-up.
     """
     config, workload, processes, state, patch, scratch = unit.config, unit.workload, unit.processes, unit.state, unit.patch, unit.scratch
     live = unit.first  # correctness is a property of an arm's code: its first process is checked
@@ -29,7 +39,8 @@ def correctness_gate(unit: Unit) -> None:
     def capture(arm):
         return Capture(workload, scratch_path(str(scratch), arm, workload, "capture"), verify=arm in candidates)
 
-    first = {arm: capture(arm) for arm in live() if arm != "baseline"}
+    late = Pending(processes, state, LATE_ARM, capture(LATE_ARM)) if LATE_ARM in live() else None
+    first = {arm: capture(arm) for arm in live() if arm not in ("baseline", LATE_ARM)}
     reference_path = scratch_path(str(scratch), "fp64", workload, "reference")
     first["baseline"] = Reference(workload, reference_path, host_fallback=False)
     results = overlapped(processes, state, first)
@@ -42,11 +53,7 @@ def correctness_gate(unit: Unit) -> None:
     for arm in live():  # in the arms' order, so the rows are too
         result = results.get(arm)
         if result:
-            captures[arm] = result["path"]
-            state.correctness += op_check_rows(workload, arm, result["op_checks"])
-            if arm in candidates:
-                state.correctness += call_check_rows(workload, arm, result["op_checks"])
-            state.correctness += dp.rank_agreement_rows(workload, arm, result, dp.agreement_tolerance(unit.patch_of(arm), config.precision))
+            captures[arm] = _capture_rows(unit, arm, result)
     device_type = str(config.device).split(":")[0]
     if reference and reference.get("device", device_type) != device_type:
         state.correctness.append({  # informational: where the trusted values came from
@@ -62,6 +69,24 @@ def correctness_gate(unit: Unit) -> None:
         for arm in later:
             state.correctness += [r for r in compare_captures(workload, reference["path"], {"baseline": captures["baseline"], arm: captures[arm]},
                                                               unit.patch_of(arm), config.precision) if r["arm"] == arm]
+    yield
+    result = late.result() if late is not None else None
+    if result:
+        path = _capture_rows(unit, LATE_ARM, result)
+        if reference and "baseline" in captures:
+            state.correctness += [r for r in compare_captures(workload, reference["path"], {"baseline": captures["baseline"], LATE_ARM: path},
+                                                              patch, config.precision) if r["arm"] == LATE_ARM]
+
+
+def _capture_rows(unit: Unit, arm: str, result: dict) -> str:
+    """Record what an arm's capture found on its own (op checks, a candidate's per-call checks, data-parallel ranks'
+    agreement); return the capture's path, for the comparison with the reference."""
+    workload, state = unit.workload, unit.state
+    state.correctness += op_check_rows(workload, arm, result["op_checks"])
+    if arm in unit.candidate_arms():
+        state.correctness += call_check_rows(workload, arm, result["op_checks"])
+    state.correctness += dp.rank_agreement_rows(workload, arm, result, dp.agreement_tolerance(unit.patch_of(arm), unit.config.precision))
+    return result["path"]
 
 
 def reference_alone(processes, state, workload: str, path: str, first: dict | None) -> dict | None:

@@ -5,7 +5,7 @@ in-process stand-ins so that "out of memory only while another arm works" can be
 from types import SimpleNamespace
 
 from e2eprof.harness.arm_process import ArmFailed
-from e2eprof.harness.pool import overlapped
+from e2eprof.harness.pool import Pending, call, overlapped
 from e2eprof.harness.protocol import Build, Capture
 from e2eprof.sweep import OOM_METRIC
 
@@ -49,7 +49,7 @@ class StandIn:
 
 
 def state():
-    return SimpleNamespace(arm_failures={}, out_of_memory=set(), correctness=[])
+    return SimpleNamespace(arm_failures={}, out_of_memory=set(), correctness=[], pending={})
 
 
 def test_every_command_is_sent_before_any_answer_is_awaited():
@@ -128,6 +128,54 @@ def test_no_out_of_memory_means_no_release():
     arms = {n: StandIn(n, device) for n in ("a", "b")}
     overlapped(arms, state(), {n: Capture("train", "capture.safetensors", verify=False) for n in arms})
     assert [command for _, command in device.commands] == ["capture", "capture"]
+
+
+def test_a_pending_command_runs_on_while_the_others_are_asked_and_answers_later():
+    # The compile arm's capture: sent first, the others sent, answered and compared meanwhile, its answer taken last.
+    device = Device()
+    arms = {n: StandIn(n, device) for n in ("late", "a", "b")}
+    s = state()
+    late = Pending(arms, s, "late", Capture("train", "late.safetensors", verify=False))
+    results = overlapped(arms, s, {n: Capture("train", "capture.safetensors", verify=False) for n in ("a", "b")})
+    assert sorted(results) == ["a", "b"] and "receive late" not in device.log
+    assert call(arms, s, "a", Build())["command"] == "build"
+    assert device.log[0] == "send late" and "receive late" not in device.log
+    assert late.result()["path"] == "late.safetensors" and late.result() is late.result()
+    assert device.log.count("receive late") == 1 and s.pending == {}
+
+
+def test_a_process_with_a_pending_command_answers_it_before_it_gets_another():
+    # One command at a time per process: a release of every cache (before an arm is retried alone) first takes the
+    # pending answer, so the retry finds every other process idle, the pending one included.
+    device = Device()
+    arms = {"late": StandIn("late", device), "a": StandIn("a", device),
+            "big": StandIn("big", device, fails=lambda in_flight: OOM if in_flight > 1 else None)}
+    s = state()
+    late = Pending(arms, s, "late", Capture("train", "late.safetensors", verify=False))
+    results = overlapped(arms, s, {n: Capture("train", "capture.safetensors", verify=False) for n in ("a", "big")})
+    assert sorted(results) == ["a", "big"]
+    assert device.log.index("receive late") < device.log.index("send late", 1)  # answered, then asked to release
+    assert device.commands[-3:] == [("late", "release_cached_memory"), ("a", "release_cached_memory"), ("big", "capture")]
+    assert late.result()["path"] == "late.safetensors" and device.log[-2:] == ["send big", "receive big"]
+
+
+def test_a_pending_command_out_of_memory_is_asked_again_alone_and_an_error_is_recorded():
+    device = Device()
+    answers = []  # out of memory the first time (beside "a"), fine when asked again alone
+
+    def first_time_out_of_memory(in_flight):
+        answers.append(in_flight)
+        return OOM if len(answers) == 1 else None
+
+    arms = {"a": StandIn("a", device), "late": StandIn("late", device, fails=first_time_out_of_memory)}
+    s = state()
+    late = Pending(arms, s, "late", Capture("train", "late.safetensors", verify=False))
+    overlapped(arms, s, {"a": Capture("train", "capture.safetensors", verify=False)})
+    assert late.result()["path"] == "late.safetensors" and not s.correctness and not s.out_of_memory
+    assert device.commands[-2:] == [("a", "release_cached_memory"), ("late", "capture")] and answers[-1] == 1
+    bad = {"bad": StandIn("bad", device, fails=lambda in_flight: "ValueError: wrong")}
+    assert Pending(bad, s, "bad", Capture("train", "x.safetensors", verify=False)).result() is None
+    assert list(s.arm_failures) == ["bad"] and [r["metric"] for r in s.correctness] == ["arm_failed"]
 
 
 def test_the_real_worker_answers_the_release_command(tmp_path):

@@ -88,7 +88,7 @@ class Process:
 
 
 def run_state():
-    return SimpleNamespace(arm_failures={}, out_of_memory=set(), correctness=[])
+    return SimpleNamespace(arm_failures={}, out_of_memory=set(), correctness=[], pending={})
 
 
 def test_a_replica_out_of_memory_is_dropped_and_its_arm_goes_on():
