@@ -37,10 +37,11 @@ print(json.dumps({"measure": "workers started", "seconds_into_command": None}), 
 """
 
 _WORKER_IMPORTS = """
-import importlib, json, time
+import importlib, json, sys, time
 started = time.perf_counter()
 steps = {}
-for module in ("torch", "e2eprof.harness.worker", "transformers.modeling_utils", "transformers.models.%s.modeling_%s"):
+from e2eprof.harness.prestart import early_imports  # torch-free: its own import is part of a worker's too
+for module in ["torch"] + early_imports(sys.argv[1]):
     before = time.perf_counter()
     importlib.import_module(module)
     steps[module] = round(time.perf_counter() - before, 3)
@@ -65,7 +66,7 @@ def main() -> None:
         line = json.loads(out.stdout.strip().splitlines()[-1])
         print(json.dumps(line), flush=True)
         spawned.append(line["seconds_into_command"])
-        out = subprocess.run([sys.executable, "-c", _WORKER_IMPORTS % (model_type, model_type)],
+        out = subprocess.run([sys.executable, "-c", _WORKER_IMPORTS, model_type],
                              capture_output=True, text=True, timeout=300, check=True)
         line = json.loads(out.stdout.strip().splitlines()[-1])
         print(json.dumps(line), flush=True)

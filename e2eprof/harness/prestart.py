@@ -26,15 +26,22 @@ from e2eprof.harness.arm_process import spawn
 from e2eprof.workloads.models import declared_architecture
 
 
+def early_imports(model_type: str | None) -> list[str]:
+    """What a worker started early imports, in order (benchmarks/spawn_time.py times the same list)."""
+    modules = ["e2eprof.harness.worker",  # torch, e2eprof's worker code
+               "transformers.modeling_utils"]  # what building any model imports first
+    if model_type:
+        modules.append(f"transformers.models.{model_type}.modeling_{model_type}")
+    return modules
+
+
 def _prestarted_main(conn, model_type: str | None) -> None:
     """The spawned process: import what every worker needs, then serve the setup it is given (or exit on None)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as worker_main: the parent decides how to stop
     try:
-        worker = importlib.import_module("e2eprof.harness.worker")  # torch, e2eprof's worker code
-        importlib.import_module("transformers.modeling_utils")  # what building any model imports first
-        if model_type:
-            importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
-        worker.note_imports_done()
+        for module in early_imports(model_type):
+            importlib.import_module(module)
+        importlib.import_module("e2eprof.harness.worker").note_imports_done()
     except Exception:  # noqa: BLE001 - only a head start: the worker imports again, and reports, when it builds
         pass
     try:

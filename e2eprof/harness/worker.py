@@ -114,6 +114,7 @@ class ArmWorker:
         started = time.perf_counter()
         # Where this process's start-up went, in its own clock: imports done, setup received, build begun.
         ages = {"imported": _IMPORTED_AT, "setup": _SETUP_AT, "build": process_age()}
+        build_began_unix_ns = time.time_ns()
         # Every arm loads it, so every arm can report its counters (a stock arm of several candidates: all of them).
         self.loaded = load_candidate(setup.patch_spec)
         # Whether the patch fits the model was checked in the parent before any process started
@@ -141,7 +142,7 @@ class ArmWorker:
             "sites": self.applied.sites if self.applied else [],
             "build_s": time.perf_counter() - started,
             "process_age_s": ages,
-            "started_unix_ns": None if ages["build"] is None else time.time_ns() - int(process_age() * 1e9),
+            "started_unix_ns": None if ages["build"] is None else build_began_unix_ns - int(ages["build"] * 1e9),
             "batch_digest": digest(self.batches),
             "pid": os.getpid(),
             "placement": _placement_seen(),
