@@ -35,6 +35,9 @@
 # Environment: PYTHON (default python3); E2EPROF_EXTRA, options added to every e2eprof command (a CPU dry run:
 # E2EPROF_EXTRA="--device cpu --steps 6 --seq 16" with MODEL=gpt2-tiny); MODEL overrides gpt2 in default,
 # results-table, sweep and repeat; BUDGET the timing budget of each candidates run (default 12 s), REPLICAS its processes per arm (default 1); TIMEOUT (seconds, default none) bounds each command.
+# DEADLINE (seconds from the suite's start, default none): no command starts after it, and a running one is
+# stopped there (a stopped e2eprof run keeps the tables it wrote); a skipped command is listed in status.txt.
+# For a machine lent for a fixed time: the suite ends before the lease does, and what ran comes back.
 # Installs nothing: e2eprof runs from the checkout (PYTHONPATH) with the torch, transformers and triton installed.
 set -uo pipefail
 
@@ -64,11 +67,22 @@ env_txt() {  # the time, the GPU's state (clocks, temperature and power tell a t
 }
 
 worst=0
+SUITE_START=$(date +%s)
 step() {  # step DIR NAME COMMAND...: run COMMAND, its output in DIR/NAME.log, its exit code and wall time in DIR/status.txt
   local dir=$1 name=$2; shift 2
   local start; start=$(date +%s)
+  local limit=${TIMEOUT:-}
+  if [ -n "${DEADLINE:-}" ]; then
+    local left=$(( SUITE_START + DEADLINE - start ))
+    if [ "$left" -le 0 ]; then
+      echo "$name: skipped, the deadline (${DEADLINE} s) had passed" | tee -a "$dir/status.txt"
+      [ "$worst" -lt 124 ] && worst=124
+      return 0
+    fi
+    if [ -z "$limit" ] || [ "$left" -lt "$limit" ]; then limit=$left; fi
+  fi
   echo "\$ $*" > "$dir/$name.log"
-  if [ -n "${TIMEOUT:-}" ]; then timeout "$TIMEOUT" "$@" >> "$dir/$name.log" 2>&1; else "$@" >> "$dir/$name.log" 2>&1; fi
+  if [ -n "$limit" ]; then timeout "$limit" "$@" >> "$dir/$name.log" 2>&1; else "$@" >> "$dir/$name.log" 2>&1; fi
   local code=$?
   echo "$name: exit $code, wall $(( $(date +%s) - start )) s" | tee -a "$dir/status.txt"
   [ "$code" -gt "$worst" ] && worst=$code
