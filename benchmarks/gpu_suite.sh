@@ -46,6 +46,10 @@ if [ "$#" -lt 1 ] || [ "${1#-}" != "$1" ]; then
   exit 2
 fi
 OUT=$1; shift
+for var in TIMEOUT DEADLINE; do  # whole seconds, or the arithmetic below fails halfway through a suite
+  value=${!var:-}
+  if [ -n "$value" ] && ! [[ $value =~ ^[0-9]+$ ]]; then echo "gpu_suite: $var must be whole seconds, not '$value'" >&2; exit 2; fi
+done
 PARTS=("$@")
 [ "${#PARTS[@]}" -eq 0 ] && PARTS=(tests default)
 expanded=()

@@ -49,3 +49,12 @@ def test_without_a_deadline_nothing_is_cut_short(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
     assert "exit 0" in (tmp_path / "out" / "default" / "status.txt").read_text()
+
+
+def test_a_deadline_that_is_not_whole_seconds_is_refused_in_one_line(tmp_path):
+    env = {**os.environ, "DEADLINE": "5m"}
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_suite.sh"), str(tmp_path / "out"), "default"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "gpu_suite: DEADLINE must be whole seconds, not '5m'"
+    assert not (tmp_path / "out").exists()  # refused before anything ran
