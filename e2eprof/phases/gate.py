@@ -67,15 +67,21 @@ def correctness_gate(unit: Unit) -> Iterator[None]:
         state.correctness += compare_captures(workload, reference["path"], {a: p for a, p in captures.items() if a not in later},
                                               patch, config.precision)
         for arm in later:
-            state.correctness += [r for r in compare_captures(workload, reference["path"], {"baseline": captures["baseline"], arm: captures[arm]},
-                                                              unit.patch_of(arm), config.precision) if r["arm"] == arm]
+            state.correctness += _compared_beside_baseline(unit, reference["path"], captures["baseline"], arm, captures[arm])
     yield
     result = late.result() if late is not None else None
     if result:
         path = _capture_rows(unit, LATE_ARM, result)
         if reference and "baseline" in captures:
-            state.correctness += [r for r in compare_captures(workload, reference["path"], {"baseline": captures["baseline"], LATE_ARM: path},
-                                                              patch, config.precision) if r["arm"] == LATE_ARM]
+            state.correctness += _compared_beside_baseline(unit, reference["path"], captures["baseline"], LATE_ARM, path)
+
+
+def _compared_beside_baseline(unit: Unit, reference_path: str, baseline_path: str, arm: str, path: str) -> list[dict]:
+    """One arm's comparison with the fp64 reference, made beside the baseline's capture and judged by the arm's
+    own patch's tolerances (unit.patch_of): that arm's rows only (the baseline's are recorded once, with the rest)."""
+    rows = compare_captures(unit.workload, reference_path, {"baseline": baseline_path, arm: path}, unit.patch_of(arm),
+                            unit.config.precision)
+    return [r for r in rows if r["arm"] == arm]
 
 
 def _capture_rows(unit: Unit, arm: str, result: dict) -> str:
